@@ -1,0 +1,285 @@
+"""Configuration: one dataclass per stage, grouped in `ExperimentConfig`.
+
+A run is described by an experiment YAML file (`experiments/NAME.yaml`) with the sections
+`model`, `data`, `train` and `decode`. The `model` section may name a preset
+(`experiments/presets/NAME.yaml`) whose values the section's other keys override:
+
+    name: multi30k_de_en
+    model: {preset: tutorial, dropout: 0.2}
+    data: {dataset: multi30k, source_lang: de, target_lang: en}
+    train: {epochs: 20}
+
+Every value is checked when the config is built; errors name the field and the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+# Presets live with the experiments, beside the package in a source checkout.
+# `KERAS_TRANSFORMER_PRESETS` points elsewhere (e.g. for a non-editable install).
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PRESETS_DIR = Path(os.environ.get("KERAS_TRANSFORMER_PRESETS", REPO_ROOT / "experiments" / "presets"))
+DATA_ENV = "KERAS_TRANSFORMER_DATA"
+
+
+class ConfigError(ValueError):
+    """A config value or key is invalid; the message names the field and the value."""
+
+
+def _check_choice(field: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{field}={value!r} is not one of {', '.join(map(repr, choices))}")
+
+
+def _check_positive(field: str, value: Any) -> None:
+    if value <= 0:
+        raise ConfigError(f"{field}={value!r} must be positive")
+
+
+def _check_probability(field: str, value: Any) -> None:
+    if not 0.0 <= value < 1.0:
+        raise ConfigError(f"{field}={value!r} must be in [0, 1)")
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Hyperparameters of the Transformer (Vaswani et al., 2017, section 3 and table 3)."""
+
+    num_layers: int = 4  # N: layers in each of the encoder and decoder stacks
+    d_model: int = 128  # width of embeddings and of every sublayer output
+    num_heads: int = 8  # h: attention heads; each has d_model // num_heads dimensions
+    dff: int = 512  # inner width of the position-wise feed-forward network
+    dropout: float = 0.1  # P_drop: on sublayer outputs and on embeddings + positions
+    norm: str = "post"  # "post": LayerNorm(x + Sublayer(x)) as in the paper; "pre": x + Sublayer(LayerNorm(x))
+    share_embeddings: str = "none"  # "none" | "target" (decoder embedding = output projection) | "all" (joint vocab)
+    source_vocab_size: int = 8000
+    target_vocab_size: int = 8000
+    max_length: int = 256  # longest sequence, in tokens, that the positional encoding covers
+
+    def __post_init__(self):
+        for name in ("num_layers", "d_model", "num_heads", "dff", "source_vocab_size",
+                     "target_vocab_size", "max_length"):
+            _check_positive(f"model.{name}", getattr(self, name))
+        if self.d_model % self.num_heads:
+            raise ConfigError(
+                f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}")
+        _check_probability("model.dropout", self.dropout)
+        _check_choice("model.norm", self.norm, ("post", "pre"))
+        _check_choice("model.share_embeddings", self.share_embeddings, ("none", "target", "all"))
+        if self.share_embeddings == "all" and self.source_vocab_size != self.target_vocab_size:
+            raise ConfigError(
+                "model.share_embeddings='all' needs one joint vocabulary, but "
+                f"model.source_vocab_size={self.source_vocab_size} != "
+                f"model.target_vocab_size={self.target_vocab_size}")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "ModelConfig":
+        """Reads `experiments/presets/{name}.yaml` (or a YAML file path) and applies overrides."""
+        values = load_preset(name)
+        values.update(overrides)
+        return from_dict(cls, values, "model")
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Where the text pairs come from, how they are tokenized and batched."""
+
+    dataset: str = "multi30k"  # "multi30k", "files" (local {split}.{lang}[.gz]), or a tfds name
+    source_lang: str = "de"
+    target_lang: str = "en"
+    data_dir: Optional[str] = None  # local raw files; defaults to $KERAS_TRANSFORMER_DATA
+    train_split: str = "train"
+    validation_split: str = "validation"
+    test_split: str = "test_2016_flickr"
+    tokenizer: str = "sentencepiece"  # "sentencepiece" (joint vocabulary) | "wordpiece"
+    vocab_size: int = 8000  # target size of each vocabulary (the joint one for sentencepiece)
+    lowercase: bool = False  # the tutorial lowercases; the paper and sacreBLEU's default do not
+    vocab_dir: Optional[str] = None  # where vocabulary files are written/read; default {run}/vocab
+    max_length: int = 128  # longest sequence kept, in tokens including START/END
+    tokens_per_batch: int = 4096  # padded source (and target) tokens in one global batch
+    bucket_step: int = 8  # batches are padded to a multiple of this length
+    shuffle_buffer: int = 30000
+
+    def __post_init__(self):
+        _check_choice("data.tokenizer", self.tokenizer, ("sentencepiece", "wordpiece"))
+        for name in ("vocab_size", "max_length", "tokens_per_batch", "bucket_step"):
+            _check_positive(f"data.{name}", getattr(self, name))
+        if self.tokens_per_batch < self.max_length:
+            raise ConfigError(
+                f"data.tokens_per_batch={self.tokens_per_batch} is smaller than "
+                f"data.max_length={self.max_length}: the longest pair would not fit in a batch")
+
+    def resolved_data_dir(self) -> Path:
+        """The local data folder: `data_dir`, else $KERAS_TRANSFORMER_DATA (an error if neither)."""
+        path = self.data_dir or os.environ.get(DATA_ENV)
+        if not path:
+            raise ConfigError(
+                f"no local data folder: set data.data_dir or the {DATA_ENV} environment variable "
+                "to a folder holding {split}.{lang}.gz files (e.g. ../shared/data/multi30k)")
+        return Path(path).expanduser()
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Optimization and the training runner (section 5 of the paper)."""
+
+    epochs: int = 10
+    steps_per_epoch: Optional[int] = None  # None: one pass over the training data
+    warmup_steps: int = 4000
+    learning_rate_scale: float = 1.0  # multiplies the paper's schedule
+    adam_beta_1: float = 0.9
+    adam_beta_2: float = 0.98
+    adam_epsilon: float = 1e-9
+    label_smoothing: float = 0.1
+    accumulate_steps: int = 1  # gradient accumulation: effective batch = accumulate_steps batches
+    strategy: str = "auto"  # auto | mirrored | multi_worker | one_device | tpu
+    precision: str = "float32"  # float32 | mixed_bfloat16 | mixed_float16
+    jit_compile: bool = False
+    validation_bleu_sentences: int = 200  # greedy-decoded each epoch for BLEU; 0 disables
+    early_stopping_patience: Optional[int] = None  # epochs without BLEU improvement
+    seed: int = 1234
+
+    def __post_init__(self):
+        for name in ("epochs", "warmup_steps", "accumulate_steps"):
+            _check_positive(f"train.{name}", getattr(self, name))
+        if self.steps_per_epoch is not None:
+            _check_positive("train.steps_per_epoch", self.steps_per_epoch)
+        _check_probability("train.label_smoothing", self.label_smoothing)
+        _check_choice("train.strategy", self.strategy,
+                      ("auto", "mirrored", "multi_worker", "one_device", "tpu"))
+        _check_choice("train.precision", self.precision,
+                      ("float32", "mixed_bfloat16", "mixed_float16"))
+
+
+@dataclasses.dataclass
+class DecodeConfig:
+    """Search used for translation (section 6.1: beam 4, length penalty alpha 0.6)."""
+
+    beam_size: int = 4
+    alpha: float = 0.6  # GNMT length penalty ((5 + len) / 6) ** alpha; 0 disables it
+    max_extra_length: int = 50  # output may be at most source length + this (capped by the model)
+
+    def __post_init__(self):
+        _check_positive("decode.beam_size", self.beam_size)
+        if self.alpha < 0:
+            raise ConfigError(f"decode.alpha={self.alpha!r} must be >= 0")
+        _check_positive("decode.max_extra_length", self.max_extra_length)
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+    """Everything a run needs; saved as `config.yaml` next to its checkpoints."""
+
+    name: str = "experiment"
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "ExperimentConfig":
+        values = dict(values)
+        model = dict(values.get("model") or {})
+        if "preset" in model:
+            preset = load_preset(model.pop("preset"))
+            preset.update(model)
+            model = preset
+        values["model"] = model
+        return from_dict(cls, values, "")
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike, overrides: list[str] = ()) -> "ExperimentConfig":
+        """Loads an experiment file; `overrides` are `section.key=value` strings (YAML values)."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        values = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections, got {type(values).__name__}")
+        for override in overrides:
+            apply_override(values, override)
+        return cls.from_dict(values)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def load_preset(name: str) -> dict:
+    """The values of a model preset, by name (`experiments/presets/NAME.yaml`) or YAML path."""
+    path = Path(name) if str(name).endswith((".yaml", ".yml")) else PRESETS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+        raise ConfigError(f"unknown model preset {name!r} ({path} not found); known: {known}")
+    return dict(yaml.safe_load(path.read_text()) or {})
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def apply_override(values: dict, override: str) -> None:
+    """Applies `section.key=value` (value parsed as YAML) to a nested dict, in place."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} is not of the form section.key=value")
+    dotted, raw = override.split("=", 1)
+    *sections, key = dotted.strip().split(".")
+    node = values
+    for section in sections:
+        node = node.setdefault(section, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {override!r}: {section!r} is not a section")
+    node[key] = yaml.safe_load(raw)
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def from_dict(cls, values: dict, prefix: str):
+    """Builds dataclass `cls` from a dict, rejecting unknown keys and values of the wrong type."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if key not in fields:
+            raise ConfigError(f"unknown config key {name!r}; known keys: {sorted(fields)}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = from_dict(hint, value or {}, name)
+            continue
+        if not _type_ok(value, hint):
+            raise ConfigError(f"{name}={value!r} has the wrong type: expected {_type_name(hint)}")
+        if hint is float or float in typing.get_args(hint):
+            value = float(value) if value is not None else None
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _type_name(hint: Any) -> str:
+    args = typing.get_args(hint)
+    if args:
+        return " or ".join(_type_name(a) for a in args)
+    return "null" if hint is type(None) else hint.__name__
