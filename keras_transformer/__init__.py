@@ -9,3 +9,6 @@ from keras_transformer.config import (  # noqa: F401
     ModelConfig,
     TrainConfig,
 )
+from keras_transformer.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy  # noqa: F401
+from keras_transformer.model import Transformer  # noqa: F401
+from keras_transformer.schedules import TransformerSchedule, create_optimizer  # noqa: F401

@@ -1,0 +1,149 @@
+"""The decoder stack (section 3.1, right half of figure 1), with incremental decoding."""
+
+import keras
+import tensorflow as tf
+
+from keras_transformer.layers.attention import CausalSelfAttention, CrossAttention
+from keras_transformer.layers.feed_forward import FeedForward
+from keras_transformer.layers.residual import LAYER_NORM_EPSILON
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class DecoderLayer(keras.layers.Layer):
+    """Masked self-attention, cross-attention to the encoder output, then feed-forward.
+
+    Call arguments:
+        x: `[batch, target_len, d_model]`.
+        context: encoder output `[batch, source_len, d_model]`.
+        context_mask: bool `[batch, source_len]`, True at real source tokens.
+
+    Returns:
+        `[batch, target_len, d_model]`.
+    """
+
+    def __init__(self, *, d_model, num_heads, dff, dropout=0.1, norm="post", **kwargs):
+        super().__init__(**kwargs)
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.dff = dff
+        self.dropout = dropout
+        self.norm = norm
+        sublayer_args = dict(d_model=d_model, dropout=dropout, norm=norm, dtype=self.dtype_policy)
+        self.causal_self_attention = CausalSelfAttention(
+            num_heads=num_heads, name="causal_self_attention", **sublayer_args)
+        self.cross_attention = CrossAttention(
+            num_heads=num_heads, name="cross_attention", **sublayer_args)
+        self.ffn = FeedForward(dff=dff, name="ffn", **sublayer_args)
+
+    def build(self, x_shape, context_shape):
+        self.causal_self_attention.build(x_shape)
+        self.cross_attention.build(x_shape, context_shape)
+        self.ffn.build(x_shape)
+        self.built = True
+
+    def call(self, x, context, context_mask=None, training=None):
+        x = self.causal_self_attention(x, training=training)
+        x = self.cross_attention(x, context, context_mask=context_mask, training=training)
+        return self.ffn(x, training=training)
+
+    def init_cache(self, context, max_length):
+        """The layer's decoding cache for `max_length` target positions.
+
+        Returns a dict of `self_key`/`self_value` zeros `[batch, max_length, heads, head_dim]`
+        and `cross_key`/`cross_value` `[batch, source_len, heads, head_dim]`, the encoder
+        output's projections, computed once per sentence.
+        """
+        cross_key, cross_value = self.cross_attention.mha.project_key_value(context)
+        batch = tf.shape(context)[0]
+        shape = [batch, max_length, self.num_heads, self.d_model // self.num_heads]
+        zeros = tf.zeros(shape, dtype=cross_key.dtype)
+        return {"self_key": zeros, "self_value": zeros,
+                "cross_key": cross_key, "cross_value": cross_value}
+
+    def step(self, x, index, cache, context_mask):
+        """Decodes position `index`: `x` `[batch, 1, d_model]` -> `([batch, 1, d_model], cache)`."""
+        x, self_key, self_value = self.causal_self_attention.step(
+            x, cache["self_key"], cache["self_value"], index)
+        x = self.cross_attention.step(x, cache["cross_key"], cache["cross_value"], context_mask)
+        x = self.ffn(x, training=False)
+        return x, dict(cache, self_key=self_key, self_value=self_value)
+
+    def compute_output_shape(self, x_shape, *args, **kwargs):
+        return x_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(d_model=self.d_model, num_heads=self.num_heads, dff=self.dff,
+                      dropout=self.dropout, norm=self.norm)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Decoder(keras.layers.Layer):
+    """A stack of `num_layers` DecoderLayers over embedded target tokens.
+
+    As in the Encoder, the model owns the embedding; with pre-norm a final LayerNorm follows.
+
+    Call arguments:
+        x: embedded target `[batch, target_len, d_model]`.
+        context: encoder output `[batch, source_len, d_model]`.
+        context_mask: bool `[batch, source_len]`, True at real source tokens.
+
+    Returns:
+        `[batch, target_len, d_model]`.
+    """
+
+    def __init__(self, *, num_layers, d_model, num_heads, dff, dropout=0.1, norm="post",
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.num_layers = num_layers
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.dff = dff
+        self.dropout = dropout
+        self.norm = norm
+        self.decoder_layers = [
+            DecoderLayer(d_model=d_model, num_heads=num_heads, dff=dff, dropout=dropout,
+                         norm=norm, dtype=self.dtype_policy, name=f"layer_{i}")
+            for i in range(num_layers)
+        ]
+        self.final_layernorm = (
+            keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype=self.dtype_policy,
+                                            name="final_layernorm")
+            if norm == "pre" else None)
+
+    def build(self, x_shape, context_shape):
+        for layer in self.decoder_layers:
+            layer.build(x_shape, context_shape)
+        if self.final_layernorm is not None:
+            self.final_layernorm.build(x_shape)
+        self.built = True
+
+    def call(self, x, context, context_mask=None, training=None):
+        for layer in self.decoder_layers:
+            x = layer(x, context, context_mask=context_mask, training=training)
+        return self._finish(x)
+
+    def init_cache(self, context, max_length):
+        """One cache dict per layer (see `DecoderLayer.init_cache`), as a list."""
+        return [layer.init_cache(context, max_length) for layer in self.decoder_layers]
+
+    def step(self, x, index, caches, context_mask):
+        """Decodes position `index`: `x` `[batch, 1, d_model]` -> `([batch, 1, d_model], caches)`."""
+        new_caches = []
+        for layer, cache in zip(self.decoder_layers, caches):
+            x, cache = layer.step(x, index, cache, context_mask)
+            new_caches.append(cache)
+        return self._finish(x), new_caches
+
+    def _finish(self, x):
+        return x if self.final_layernorm is None else self.final_layernorm(x)
+
+    def compute_output_shape(self, x_shape, *args, **kwargs):
+        return x_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_layers=self.num_layers, d_model=self.d_model, num_heads=self.num_heads,
+                      dff=self.dff, dropout=self.dropout, norm=self.norm)
+        return config

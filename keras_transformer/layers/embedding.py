@@ -1,0 +1,91 @@
+"""Token embeddings plus the paper's sinusoidal positional encoding (section 3.4 and 3.5)."""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+
+def positional_encoding(length: int, depth: int) -> np.ndarray:
+    """The sinusoidal table of section 3.5, float32 `[length, depth]`.
+
+    PE(pos, 2i) = sin(pos / 10000^(2i / depth)), PE(pos, 2i + 1) = cos(pos / 10000^(2i / depth)):
+    sines on even and cosines on odd dimensions, interleaved as in the paper (the tutorial
+    concatenates them instead, an equivalent permutation that is not the paper's table).
+    """
+    positions = np.arange(length, dtype=np.float64)[:, None]  # [length, 1]
+    rates = 1.0 / np.power(10000.0, np.arange(0, depth, 2, dtype=np.float64) / depth)  # [depth/2]
+    angles = positions * rates[None, :]  # [length, depth / 2]
+    table = np.zeros((length, depth), dtype=np.float64)
+    table[:, 0::2] = np.sin(angles)
+    table[:, 1::2] = np.cos(angles[:, : depth // 2])
+    return table.astype(np.float32)
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class PositionalEmbedding(keras.layers.Layer):
+    """Token embedding scaled by sqrt(d_model), plus sinusoidal positions, then dropout.
+
+    The embedding matrix can also serve as the pre-softmax projection (`project`), which is how
+    the paper shares weights between the embeddings and the output layer (section 3.4). It is
+    initialized N(0, d_model^-0.5), so that the scaled embeddings have unit variance.
+
+    Args:
+        vocab_size: number of token ids.
+        d_model: embedding width.
+        max_length: longest sequence the positional table covers.
+        dropout: rate applied to the sum of embeddings and positions.
+
+    Call arguments:
+        token_ids: int `[batch, length]`.
+        start_position: position of the first token (int scalar); decoding one token at a time
+            passes the step index.
+        training: whether dropout is active.
+
+    Returns:
+        `[batch, length, d_model]` in the layer's compute dtype.
+    """
+
+    def __init__(self, *, vocab_size, d_model, max_length, dropout=0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.max_length = max_length
+        self.dropout = dropout
+        self.token_embedding = keras.layers.Embedding(
+            vocab_size,
+            d_model,
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=d_model**-0.5),
+            dtype=self.dtype_policy,
+            name="token_embedding",
+        )
+        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.positions = positional_encoding(max_length, d_model)
+
+    def build(self, input_shape):
+        self.token_embedding.build(input_shape)
+        self.built = True
+
+    def call(self, token_ids, start_position=0, training=None):
+        length = ops.shape(token_ids)[1]
+        x = self.token_embedding(token_ids)  # [batch, length, d_model]
+        x = x * ops.cast(math.sqrt(self.d_model), x.dtype)
+        positions = ops.slice(
+            ops.convert_to_tensor(self.positions), (start_position, 0), (length, self.d_model))
+        x = x + ops.cast(positions, x.dtype)[None]
+        return self.dropout_layer(x, training=training)
+
+    def project(self, x):
+        """Pre-softmax projection with the shared matrix: `[..., d_model]` -> `[..., vocab_size]`."""
+        kernel = ops.cast(self.token_embedding.embeddings, x.dtype)
+        return ops.matmul(x, ops.transpose(kernel))
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, self.d_model)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(vocab_size=self.vocab_size, d_model=self.d_model,
+                      max_length=self.max_length, dropout=self.dropout)
+        return config

@@ -1,0 +1,82 @@
+"""Masked, label-smoothed cross-entropy (section 5.4) and masked token accuracy."""
+
+import keras
+from keras import ops
+
+from keras_transformer.model import PAD_ID
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
+    """Cross-entropy against (1 - epsilon) * one_hot(y) + epsilon / vocab, padding ignored.
+
+    Uses -sum_v q_v log p_v = logsumexp(z) - (1 - epsilon) z_y - epsilon mean_v(z), so neither a
+    one-hot `[batch, length, vocab]` tensor nor the full log-softmax is materialized.
+
+    Returns per-token losses with padding masked out and leaves the reduction to Keras
+    ("sum_over_batch_size" over the real tokens): that keeps the loss and its gradients right
+    under a distribution strategy, where Keras scales per-replica losses by the replica count.
+
+    Args:
+        label_smoothing: epsilon (0.1 in the paper); 0 gives plain sparse cross-entropy.
+        pad_id: target id that contributes nothing.
+
+    Call arguments:
+        y_true: int `[batch, length]`.
+        y_pred: logits `[batch, length, vocab]`.
+    """
+
+    def __init__(self, label_smoothing=0.1, pad_id=PAD_ID, name="label_smoothed_ce", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.label_smoothing = label_smoothing
+        self.pad_id = pad_id
+
+    def call(self, y_true, y_pred):
+        y_true = ops.cast(y_true, "int32")
+        logits = ops.cast(y_pred, "float32")
+        log_normalizer = ops.logsumexp(logits, axis=-1)  # [batch, length]
+        true_logit = ops.squeeze(
+            ops.take_along_axis(logits, y_true[..., None], axis=-1), axis=-1)  # [batch, length]
+        loss = log_normalizer - (1.0 - self.label_smoothing) * true_logit
+        if self.label_smoothing:
+            loss = loss - self.label_smoothing * ops.mean(logits, axis=-1)
+        mask = ops.not_equal(y_true, self.pad_id)
+        loss = ops.where(mask, loss, 0.0)
+        keras.backend.set_keras_mask(loss, mask)
+        return loss
+
+    def get_config(self):
+        return {**super().get_config(), "label_smoothing": self.label_smoothing,
+                "pad_id": self.pad_id}
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class MaskedAccuracy(keras.metrics.Metric):
+    """Fraction of non-padding target tokens whose argmax prediction is right.
+
+    Counts tokens over the whole epoch, so long and short batches weigh by their token count.
+    """
+
+    def __init__(self, pad_id=PAD_ID, name="accuracy", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.pad_id = pad_id
+        self.correct = self.add_variable(shape=(), initializer="zeros", name="correct")
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        y_true = ops.cast(y_true, "int32")
+        mask = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
+        hits = ops.cast(ops.equal(ops.cast(ops.argmax(y_pred, axis=-1), "int32"), y_true),
+                        "float32")
+        self.correct.assign_add(ops.sum(hits * mask))
+        self.total.assign_add(ops.sum(mask))
+
+    def result(self):
+        return ops.divide_no_nan(self.correct, self.total)
+
+    def reset_state(self):
+        self.correct.assign(0.0)
+        self.total.assign(0.0)
+
+    def get_config(self):
+        return {**super().get_config(), "pad_id": self.pad_id}

@@ -1,0 +1,140 @@
+"""The Transformer (Vaswani et al., 2017): embeddings, encoder, decoder and output projection."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from keras_transformer.config import ModelConfig, from_dict
+from keras_transformer.layers import Decoder, Encoder, PositionalEmbedding
+
+PAD_ID = 0  # padding id in every vocabulary; see tokenizers.py for the other reserved ids
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class Transformer(keras.Model):
+    """Encoder-decoder Transformer for translation, called with teacher forcing.
+
+    Args:
+        config: a `ModelConfig` (or its dict). `share_embeddings` selects the weight tying of
+            section 3.4: "none" (the tutorial), "target" (decoder embedding = pre-softmax
+            projection) or "all" (one joint vocabulary for both embeddings and the projection).
+
+    Call arguments:
+        inputs: `(source_ids, target_in_ids)`, int `[batch, source_len]` and
+            `[batch, target_len]`, padded with 0. `target_in_ids` starts with START.
+
+    Returns:
+        float32 logits `[batch, target_len, target_vocab_size]` predicting `target_out_ids`
+        (the target shifted left by one), whatever the compute dtype.
+
+    Example:
+        >>> model = Transformer(ModelConfig.from_preset("tiny"))
+        >>> logits = model((source_ids, target_in_ids))
+
+    Decoding uses `encode` once per batch, then `init_cache` and `decode_step` once per token:
+    `decode_step(ids, step, state)` is the `symbols_to_logits_fn` of `keras_transformer.decoding`.
+    """
+
+    def __init__(self, config: ModelConfig | dict, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(config, dict):
+            config = from_dict(ModelConfig, config, "model")
+        self.config = config
+        layer_args = dict(d_model=config.d_model, dropout=config.dropout, dtype=self.dtype_policy)
+        stack_args = dict(layer_args, num_layers=config.num_layers, num_heads=config.num_heads,
+                          dff=config.dff, norm=config.norm)
+        self.source_embedding = PositionalEmbedding(
+            vocab_size=config.source_vocab_size, max_length=config.max_length,
+            name="source_embedding", **layer_args)
+        if config.share_embeddings == "all":
+            self.target_embedding = self.source_embedding
+        else:
+            self.target_embedding = PositionalEmbedding(
+                vocab_size=config.target_vocab_size, max_length=config.max_length,
+                name="target_embedding", **layer_args)
+        self.encoder = Encoder(name="encoder", **stack_args)
+        self.decoder = Decoder(name="decoder", **stack_args)
+        self.final_layer = None
+        if config.share_embeddings == "none":
+            self.final_layer = keras.layers.Dense(
+                config.target_vocab_size, dtype=self.dtype_policy, name="final_layer")
+
+    def build(self, input_shape=None):
+        source_shape, target_shape = input_shape or ((None, None), (None, None))
+        d_model = self.config.d_model
+        self.source_embedding.build(source_shape)
+        self.target_embedding.build(target_shape)
+        self.encoder.build((*source_shape, d_model))
+        self.decoder.build((*target_shape, d_model), (*source_shape, d_model))
+        if self.final_layer is not None:
+            self.final_layer.build((*target_shape, d_model))
+        self.built = True
+
+    def call(self, inputs, training=None):
+        source_ids, target_in_ids = inputs
+        context, source_mask = self.encode(source_ids, training=training)
+        return self.decode(target_in_ids, context, source_mask, training=training)
+
+    def encode(self, source_ids, training=None):
+        """Source ids `[batch, source_len]` -> (context `[batch, source_len, d_model]`,
+        source padding mask bool `[batch, source_len]`)."""
+        source_mask = ops.not_equal(source_ids, PAD_ID)
+        x = self.source_embedding(source_ids, training=training)
+        return self.encoder(x, padding_mask=source_mask, training=training), source_mask
+
+    def decode(self, target_in_ids, context, source_mask, training=None):
+        """Teacher-forced decoding: `[batch, target_len]` -> float32 logits
+        `[batch, target_len, target_vocab_size]`."""
+        x = self.target_embedding(target_in_ids, training=training)
+        x = self.decoder(x, context, context_mask=source_mask, training=training)
+        return self._logits(x)
+
+    def _logits(self, x):
+        logits = self.final_layer(x) if self.final_layer is not None else (
+            self.target_embedding.project(x))
+        return ops.cast(logits, "float32")
+
+    def init_cache(self, context, source_mask, max_length: int) -> dict:
+        """The decoding state for up to `max_length` target positions.
+
+        Every tensor has the batch as leading dimension, so beam search can tile and reorder it:
+        `{"source_mask": bool [batch, source_len], "layers": [per-layer dict of
+        self_key/self_value [batch, max_length, heads, head_dim] and cross_key/cross_value
+        [batch, source_len, heads, head_dim]]}`.
+        """
+        return {"source_mask": source_mask,
+                "layers": self.decoder.init_cache(context, max_length)}
+
+    def decode_step(self, ids, step, state):
+        """One cached decoding step.
+
+        Args:
+            ids: int32 `[batch]`, the tokens at position `step` (START at step 0).
+            step: int32 scalar.
+            state: from `init_cache` or the previous step.
+
+        Returns:
+            `(logits float32 [batch, target_vocab_size], state)`: logits for position step + 1.
+        """
+        x = self.target_embedding(ids[:, None], start_position=step, training=False)
+        x, layers = self.decoder.step(x, step, state["layers"], state["source_mask"])
+        return self._logits(x[:, 0]), dict(state, layers=layers)
+
+    def get_config(self):
+        return {**super().get_config(), "config": dataclasses.asdict(self.config)}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+def count_parameters(config: ModelConfig) -> int:
+    """Number of trainable parameters of a built model with this config."""
+    model = Transformer(config)
+    model.build()
+    return int(sum(ops.size(w) for w in model.trainable_weights))
+

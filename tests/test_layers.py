@@ -1,0 +1,125 @@
+"""Every layer: config round trip, output shapes, masks, and cached steps equal full passes."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import layers
+
+D_MODEL, HEADS, DFF = 16, 4, 32
+BATCH, SRC_LEN, TGT_LEN = 2, 7, 5
+
+LAYER_CASES = {
+    "PositionalEmbedding": (layers.PositionalEmbedding,
+                            dict(vocab_size=30, d_model=D_MODEL, max_length=20)),
+    "GlobalSelfAttention": (layers.GlobalSelfAttention, dict(d_model=D_MODEL, num_heads=HEADS)),
+    "CausalSelfAttention": (layers.CausalSelfAttention, dict(d_model=D_MODEL, num_heads=HEADS)),
+    "CrossAttention": (layers.CrossAttention, dict(d_model=D_MODEL, num_heads=HEADS)),
+    "FeedForward": (layers.FeedForward, dict(d_model=D_MODEL, dff=DFF)),
+    "EncoderLayer": (layers.EncoderLayer, dict(d_model=D_MODEL, num_heads=HEADS, dff=DFF)),
+    "DecoderLayer": (layers.DecoderLayer, dict(d_model=D_MODEL, num_heads=HEADS, dff=DFF)),
+    "Encoder": (layers.Encoder, dict(num_layers=2, d_model=D_MODEL, num_heads=HEADS, dff=DFF)),
+    "Decoder": (layers.Decoder, dict(num_layers=2, d_model=D_MODEL, num_heads=HEADS, dff=DFF)),
+}
+
+
+def _inputs(name):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(BATCH, TGT_LEN, D_MODEL)).astype("float32")
+    context = rng.normal(size=(BATCH, SRC_LEN, D_MODEL)).astype("float32")
+    if name == "PositionalEmbedding":
+        return (rng.integers(1, 30, size=(BATCH, TGT_LEN)),), {}
+    if name in ("CrossAttention", "DecoderLayer", "Decoder"):
+        return (x, context), {"context_mask": np.ones((BATCH, SRC_LEN), bool)}
+    if name in ("GlobalSelfAttention", "EncoderLayer", "Encoder"):
+        return (x,), {"padding_mask": np.ones((BATCH, TGT_LEN), bool)}
+    return (x,), {}
+
+
+@pytest.mark.parametrize("name", sorted(LAYER_CASES))
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_layer_shape_and_config_round_trip(name, norm):
+    cls, kwargs = LAYER_CASES[name]
+    if name != "PositionalEmbedding":
+        kwargs = dict(kwargs, norm=norm)
+    layer = cls(**kwargs)
+    args, call_kwargs = _inputs(name)
+    out = layer(*args, **call_kwargs)
+    assert tuple(out.shape) == (BATCH, TGT_LEN, D_MODEL)
+
+    config = layer.get_config()
+    for key, value in kwargs.items():
+        assert config[key] == value
+    clone = cls.from_config(config)
+    clone(*args, **call_kwargs)
+    clone.set_weights(layer.get_weights())
+    np.testing.assert_allclose(clone(*args, **call_kwargs), out, atol=1e-6)
+
+
+def test_positional_encoding_is_the_papers_interleaved_table():
+    table = layers.positional_encoding(50, 8)
+    pos, i = 13, 2  # dimension pair (2i, 2i + 1) = (4, 5)
+    angle = pos / 10000 ** (2 * i / 8)
+    assert table.shape == (50, 8)
+    np.testing.assert_allclose(table[pos, 2 * i], np.sin(angle), rtol=1e-6)
+    np.testing.assert_allclose(table[pos, 2 * i + 1], np.cos(angle), rtol=1e-6)
+
+
+def test_positional_embedding_scales_by_sqrt_d_model_and_offsets_positions():
+    layer = layers.PositionalEmbedding(vocab_size=30, d_model=D_MODEL, max_length=20)
+    ids = np.array([[3, 4, 5]])
+    out = layer(ids).numpy()
+    table = layers.positional_encoding(20, D_MODEL)
+    embedded = layer.token_embedding.embeddings.numpy()[ids[0]]
+    np.testing.assert_allclose(out[0], embedded * np.sqrt(D_MODEL) + table[:3], rtol=1e-5)
+    shifted = layer(ids[:, 2:], start_position=2).numpy()
+    np.testing.assert_allclose(shifted[0, 0], out[0, 2], rtol=1e-6)
+
+
+def test_global_self_attention_ignores_masked_keys():
+    layer = layers.GlobalSelfAttention(d_model=D_MODEL, num_heads=HEADS)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(1, 6, D_MODEL)).astype("float32")
+    mask = np.array([[True] * 4 + [False] * 2])
+    y = x.copy()
+    y[:, 4:] = rng.normal(size=(1, 2, D_MODEL))  # change only the masked positions
+    out_x = layer(x, padding_mask=mask).numpy()
+    out_y = layer(y, padding_mask=mask).numpy()
+    np.testing.assert_allclose(out_x[:, :4], out_y[:, :4], atol=1e-5)
+    assert not np.allclose(layer(y).numpy()[:, :4], out_x[:, :4], atol=1e-3)
+
+
+def test_attention_uses_papers_head_width():
+    layer = layers.CrossAttention(d_model=D_MODEL, num_heads=HEADS)
+    layer(np.zeros((1, 2, D_MODEL), "float32"), np.zeros((1, 3, D_MODEL), "float32"))
+    assert layer.mha.key_dim == D_MODEL // HEADS
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_decoder_cached_steps_equal_full_pass(norm):
+    decoder = layers.Decoder(num_layers=2, d_model=D_MODEL, num_heads=HEADS, dff=DFF, norm=norm)
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(BATCH, TGT_LEN, D_MODEL)).astype("float32")
+    context = rng.normal(size=(BATCH, SRC_LEN, D_MODEL)).astype("float32")
+    context_mask = np.array([[True] * SRC_LEN, [True] * 4 + [False] * 3])
+    full = decoder(x, context, context_mask=context_mask).numpy()
+
+    caches = decoder.init_cache(tf.constant(context), max_length=TGT_LEN + 3)
+    steps = []
+    for t in range(TGT_LEN):
+        y, caches = decoder.step(tf.constant(x[:, t:t + 1]), tf.constant(t), caches, context_mask)
+        steps.append(y.numpy()[:, 0])
+    np.testing.assert_allclose(np.stack(steps, axis=1), full, atol=1e-5)
+
+
+def test_layers_run_under_mixed_precision():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        layer = layers.DecoderLayer(d_model=D_MODEL, num_heads=HEADS, dff=DFF)
+        (x, context), kwargs = _inputs("DecoderLayer")
+        out = layer(x, context, **kwargs)
+        assert out.dtype == "bfloat16"
+        assert all(w.dtype == "float32" for w in layer.weights)
+    finally:
+        keras.config.set_dtype_policy("float32")

@@ -1,0 +1,146 @@
+"""The Transformer model: shapes, masks, weight sharing, parameter count, saving, decoding API."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import ModelConfig, Transformer
+from keras_transformer.model import count_parameters
+
+VOCAB = 40
+
+
+def tiny(**overrides):
+    values = dict(source_vocab_size=VOCAB, target_vocab_size=VOCAB, dropout=0.0)
+    values.update(overrides)
+    return ModelConfig.from_preset("tiny", **values)
+
+
+def random_batch(seed=0, batch=3, source_len=9, target_len=7):
+    rng = np.random.default_rng(seed)
+    source = rng.integers(4, VOCAB, size=(batch, source_len)).astype("int32")
+    target = rng.integers(4, VOCAB, size=(batch, target_len)).astype("int32")
+    source[1, 6:] = 0  # a padded sentence in the batch
+    target[2, 5:] = 0
+    return source, target
+
+
+@pytest.fixture(scope="module")
+def model():
+    model = Transformer(tiny())
+    model(random_batch())
+    return model
+
+
+def test_logits_shape_and_dtype(model):
+    source, target = random_batch()
+    logits = model((source, target))
+    assert tuple(logits.shape) == (3, 7, VOCAB)
+    assert logits.dtype == "float32"
+
+
+def test_causality(model):
+    source, target = random_batch()
+    base = model((source, target)).numpy()
+    for t in range(target.shape[1] - 1):
+        changed = target.copy()
+        changed[:, t + 1:] = (changed[:, t + 1:] + 7) % (VOCAB - 4) + 4
+        out = model((source, changed)).numpy()
+        np.testing.assert_allclose(out[:, :t + 1], base[:, :t + 1], atol=1e-5)
+        assert not np.allclose(out[:, t + 1:], base[:, t + 1:], atol=1e-4)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_padding_invariance(norm):
+    """Extra source or target padding leaves the logits at real positions unchanged; this fails
+    if any decoder layer's cross-attention loses the source mask."""
+    model = Transformer(tiny(norm=norm, num_layers=3))
+    source, target = random_batch(seed=1)
+    base = model((source, target)).numpy()
+    padded_source = np.pad(source, [(0, 0), (0, 5)])
+    padded_target = np.pad(target, [(0, 0), (0, 4)])
+    out = model((padded_source, padded_target)).numpy()
+    real = target != 0
+    np.testing.assert_allclose(out[:, :7][real], base[real], atol=1e-5)
+    # The padded sentence alone gives the same logits as in the batch.
+    alone = model((source[1:2, :6], target[1:2])).numpy()
+    np.testing.assert_allclose(alone[0], base[1], atol=1e-5)
+
+
+def test_source_padding_is_masked_in_every_decoder_layer():
+    """Corrupting the encoder output at padded positions must not change anything."""
+    model = Transformer(tiny(num_layers=3))
+    source, target = random_batch(seed=2)
+    context, mask = model.encode(source)
+    base = model.decode(target, context, mask).numpy()
+    noisy = context.numpy()
+    noisy[~mask.numpy()] = 100.0
+    out = model.decode(target, tf.constant(noisy), mask).numpy()
+    np.testing.assert_allclose(out, base, atol=1e-5)
+
+
+@pytest.mark.parametrize("share, embeddings", [("none", 2), ("target", 2), ("all", 1)])
+def test_embedding_sharing(share, embeddings):
+    model = Transformer(tiny(share_embeddings=share))
+    model(random_batch())
+    matrices = {id(w) for w in model.weights if "embeddings" in w.path}
+    assert len(matrices) == embeddings
+    assert (model.final_layer is None) == (share != "none")
+    if share != "none":  # the projection is the target embedding matrix
+        x = np.random.default_rng(0).normal(size=(2, 32)).astype("float32")
+        np.testing.assert_allclose(
+            model.target_embedding.project(x),
+            x @ model.target_embedding.token_embedding.embeddings.numpy().T, rtol=1e-5)
+
+
+def test_base_preset_parameter_count():
+    """Transformer base with a shared 37,000-token vocabulary (the paper quotes about 65M)."""
+    v, d, f, n = 37000, 512, 2048, 6
+    attention = 4 * (d * d + d)  # query, key, value and output projections with biases
+    ffn = d * f + f + f * d + d
+    layernorm = 2 * d
+    encoder_layer = attention + ffn + 2 * layernorm
+    decoder_layer = 2 * attention + ffn + 3 * layernorm
+    expected = v * d + n * encoder_layer + n * decoder_layer  # one shared embedding matrix
+    assert count_parameters(ModelConfig.from_preset("base")) == expected == 63_082_496
+
+
+def test_get_config_round_trip(model):
+    clone = Transformer.from_config(model.get_config())
+    assert clone.config == model.config
+
+
+def test_keras_save_and_load(tmp_path):
+    model = Transformer(tiny(share_embeddings="all"))
+    batch = random_batch()
+    logits = model(batch).numpy()
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded, Transformer)
+    np.testing.assert_array_equal(loaded(batch).numpy(), logits)
+
+
+def test_cached_decode_steps_equal_teacher_forcing(model):
+    source, target = random_batch(seed=3)
+    full = model((source, target)).numpy()
+    context, mask = model.encode(source)
+    state = model.init_cache(context, mask, max_length=12)
+    step_fn = tf.function(model.decode_step)
+    for t in range(target.shape[1]):
+        logits, state = step_fn(tf.constant(target[:, t]), tf.constant(t), state)
+        real = target[:, t] != 0
+        np.testing.assert_allclose(logits.numpy()[real], full[real, t], atol=1e-4)
+
+
+def test_mixed_bfloat16_keeps_float32_logits():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = Transformer(tiny())
+        logits = model(random_batch())
+        assert model.compute_dtype == "bfloat16"
+        assert logits.dtype == "float32"
+        assert np.isfinite(logits.numpy()).all()
+    finally:
+        keras.config.set_dtype_policy("float32")
