@@ -1,0 +1,488 @@
+"""Input pipeline: text pairs from tfds or local files -> length-bucketed token batches.
+
+Data flow:
+
+    load_pairs(config, split)                 (source_text, target_text) scalar tf.string pairs
+      -> make_batches(pairs, tokenizers, ...) ((source_ids, target_in_ids), target_out_ids)
+
+Sources (`DataConfig.dataset`):
+- "multi30k": the tfds builder in `keras_transformer.multi30k` (local folder or download);
+- "files": line-aligned `{data_dir}/{split}.{lang}` or `.gz` files;
+- any tfds translation dataset, e.g. "ted_hrlr_translate/pt_to_en" or "wmt14_translate/de-en",
+  whose examples are {lang: text} dicts; `source_lang`/`target_lang` pick the direction.
+
+Policies (nothing is lost silently: `pair_stats` counts every pair as kept or dropped by reason):
+- every line is stripped of surrounding whitespace;
+- a pair with an empty source or target is dropped (reason "empty"); for local files the first
+  line numbers are logged when the files are checked;
+- a pair whose source or target, in tokens including START and END, is longer than
+  `max_length` is dropped (reason "too_long"), never truncated (truncating would lose END).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from keras_transformer import multi30k  # noqa: F401  (registers the "multi30k" tfds builder)
+from keras_transformer.config import DATA_ENV, ConfigError, DataConfig
+from keras_transformer.tokenizers import (UNK_ID, Tokenizer, build_tokenizers,
+                                          load_tokenizers)
+
+logger = logging.getLogger(__name__)
+
+AUTOTUNE = tf.data.AUTOTUNE
+KEEP, EMPTY, TOO_LONG = 0, 1, 2
+DROP_REASONS = {EMPTY: "empty", TOO_LONG: "too_long"}
+# Other names local files use for a split (Multi30k calls its validation split "val").
+SPLIT_ALIASES = {"validation": ("val", "valid", "dev"), "val": ("validation",)}
+_TOKENIZE_BATCH = 512  # pairs tokenized per call: tf-text ops are much faster on batches
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file (and line) and the offending value."""
+
+
+# ----------------------------------------------------------------------------- local text files
+
+def _open_binary(path: Path):
+    """Opens a plain or gzip file (detected by its magic bytes, not its name) for reading bytes."""
+    with open(path, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+
+
+def _decode_lines(path: Path) -> Iterator[str]:
+    """Yields the lines of `path` without their line ending; DataError on bytes that are not UTF-8."""
+    with _open_binary(path) as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                yield raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as error:
+                raise DataError(
+                    f"{path}:{number}: not valid UTF-8 ({error.reason} at byte {error.start}): "
+                    f"{raw[:80]!r}") from None
+
+
+def read_parallel_lines(paths: Mapping[str, str | os.PathLike]) -> Iterator[tuple[int, dict]]:
+    """Reads line-aligned files together: yields (line_number, {key: line}) from 1.
+
+    Raises DataError for a missing or empty file, bytes that are not UTF-8 (naming file and line),
+    or files with different line counts (naming every file and its count).
+    """
+    paths = {key: Path(path) for key, path in paths.items()}
+    for path in paths.values():
+        if not path.is_file():
+            raise DataError(f"{path}: file not found")
+    readers = {key: _decode_lines(path) for key, path in paths.items()}
+    number = 0
+    while True:
+        lines = {key: next(reader, None) for key, reader in readers.items()}
+        if all(line is None for line in lines.values()):
+            break
+        if any(line is None for line in lines.values()):
+            counts = {key: number + (line is not None) + sum(1 for _ in readers[key])
+                      for key, line in lines.items()}
+            listing = ", ".join(f"{paths[key]} has {count} lines" for key, count in counts.items())
+            raise DataError(f"line-aligned files have different line counts: {listing}")
+        number += 1
+        yield number, lines
+    if number == 0:
+        raise DataError(f"{', '.join(map(str, paths.values()))}: empty file(s), no lines")
+
+
+@dataclasses.dataclass
+class FileCheck:
+    """What `check_parallel_files` found: line count and the lines with an empty side."""
+
+    paths: dict
+    lines: int
+    empty_lines: list  # line numbers (from 1) where some file's line is blank, at most 20
+    empty_count: int
+
+
+def check_parallel_files(paths: Mapping[str, str | os.PathLike], max_listed: int = 20) -> FileCheck:
+    """Reads the files once (streaming) to check them; see `read_parallel_lines` for the errors."""
+    empty, count, lines = [], 0, 0
+    for lines, sentences in read_parallel_lines(paths):
+        if any(not s.strip() for s in sentences.values()):
+            count += 1
+            if len(empty) < max_listed:
+                empty.append(lines)
+    return FileCheck({k: str(p) for k, p in paths.items()}, lines, empty, count)
+
+
+def split_files(data_dir: str | os.PathLike, split: str, langs: tuple[str, ...]) -> dict:
+    """{lang: path} of `{data_dir}/{split}.{lang}` or `.gz` (or a split alias, e.g. val for validation)."""
+    data_dir = Path(data_dir)
+    tried = []
+    for stem in (split, *SPLIT_ALIASES.get(split, ())):
+        for suffix in ("", ".gz"):
+            candidates = {lang: data_dir / f"{stem}.{lang}{suffix}" for lang in langs}
+            if all(p.is_file() for p in candidates.values()):
+                return candidates
+            tried.extend(str(p) for p in candidates.values())
+    raise DataError(f"no files for split {split!r} in {data_dir}: tried {', '.join(tried)}")
+
+
+def _load_files(data_config: DataConfig, split: str) -> tf.data.Dataset:
+    langs = (data_config.source_lang, data_config.target_lang)
+    paths = split_files(data_config.resolved_data_dir(), split, langs)
+    check = check_parallel_files(paths)
+    if check.empty_count:
+        logger.warning("%s: %d of %d line pairs have an empty side and will be dropped (lines %s%s)",
+                       " / ".join(check.paths.values()), check.empty_count, check.lines,
+                       ", ".join(map(str, check.empty_lines)),
+                       ", ..." if check.empty_count > len(check.empty_lines) else "")
+    source, target = (
+        tf.data.TextLineDataset(str(paths[lang]),
+                                compression_type="GZIP" if paths[lang].suffix == ".gz" else None)
+        for lang in langs)
+    return tf.data.Dataset.zip(source, target)
+
+
+# ----------------------------------------------------------------------------- tfds sources
+
+def _tfds_data_dir(data_config: DataConfig):
+    return getattr(data_config, "tfds_data_dir", None)
+
+
+def _local_dir_or_none(data_config: DataConfig) -> str | None:
+    try:
+        return str(data_config.resolved_data_dir())
+    except ConfigError:
+        return None
+
+
+def _load_multi30k(data_config: DataConfig, split: str) -> tf.data.Dataset:
+    split = {"val": "validation"}.get(split, split)
+    builder = tfds.builder("multi30k", data_dir=_tfds_data_dir(data_config))
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(manual_dir=_local_dir_or_none(data_config)))
+    return _select_languages(builder.as_dataset(split=split), data_config, "multi30k")
+
+
+def _load_tfds(data_config: DataConfig, split: str) -> tf.data.Dataset:
+    examples = tfds.load(data_config.dataset, split=split, data_dir=_tfds_data_dir(data_config))
+    return _select_languages(examples, data_config, data_config.dataset)
+
+
+def _select_languages(examples: tf.data.Dataset, data_config: DataConfig, name: str):
+    """{lang: text} examples -> (source_text, target_text) pairs."""
+    available = sorted(examples.element_spec) if isinstance(examples.element_spec, dict) else []
+    for field, lang in (("source_lang", data_config.source_lang),
+                        ("target_lang", data_config.target_lang)):
+        if lang not in available:
+            raise ConfigError(f"data.{field}={lang!r} is not a language of {name}; "
+                              f"its examples have {available}")
+    source, target = data_config.source_lang, data_config.target_lang
+    return examples.map(lambda example: (example[source], example[target]),
+                        num_parallel_calls=AUTOTUNE)
+
+
+def load_pairs(data_config: DataConfig, split: str) -> tf.data.Dataset:
+    """(source_text, target_text) pairs of `split`: two scalar tf.string, whitespace-stripped.
+
+    Pairs with an empty side are kept here and dropped (and counted) by `make_batches`/`pair_stats`.
+    """
+    if data_config.dataset == "files":
+        pairs = _load_files(data_config, split)
+    elif data_config.dataset == "multi30k":
+        pairs = _load_multi30k(data_config, split)
+    else:
+        pairs = _load_tfds(data_config, split)
+    return pairs.map(lambda s, t: (tf.strings.strip(s), tf.strings.strip(t)),
+                     num_parallel_calls=AUTOTUNE)
+
+
+# ----------------------------------------------------------------------------- filtering, counting
+
+def drop_reasons(source_lengths, target_lengths, empty, max_length: int):
+    """KEEP (0), EMPTY or TOO_LONG per pair; lengths in tokens with START/END. Any matching shapes."""
+    too_long = (source_lengths > max_length) | (target_lengths > max_length)
+    return tf.where(empty, EMPTY, tf.where(too_long, TOO_LONG, KEEP))
+
+
+def _tokenized(pairs, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer):
+    """Pairs -> batches of (source ids ragged [b, (n)], target ids ragged [b, (m)], empty bool [b])."""
+    def tokenize(source, target):
+        empty = (tf.strings.length(source) == 0) | (tf.strings.length(target) == 0)
+        return source_tokenizer.tokenize(source), target_tokenizer.tokenize(target), empty
+    return pairs.batch(_TOKENIZE_BATCH).map(tokenize, num_parallel_calls=AUTOTUNE)
+
+
+@dataclasses.dataclass
+class PairStats:
+    """Every pair of a dataset, kept or dropped by reason; token lengths include START and END."""
+
+    total: int
+    kept: int
+    dropped: dict  # reason -> count (reasons: DROP_REASONS values)
+    reasons: np.ndarray  # [total] KEEP, EMPTY or TOO_LONG
+    source_lengths: np.ndarray  # [total]
+    target_lengths: np.ndarray  # [total]
+    source_unk: int  # UNK ids among the source subwords of kept pairs
+    target_unk: int
+
+    def percentiles(self, side: str, q=(50, 90, 95, 99, 100)) -> dict:
+        lengths = self.source_lengths if side == "source" else self.target_lengths
+        return {p: int(np.percentile(lengths, p)) if len(lengths) else 0 for p in q}
+
+    def unk_rate(self, side: str) -> float:
+        """UNK ids per subword of the kept pairs (START and END not counted)."""
+        lengths = self.source_lengths if side == "source" else self.target_lengths
+        unk = self.source_unk if side == "source" else self.target_unk
+        subwords = int(np.sum(lengths[self.reasons == KEEP] - 2))
+        return unk / subwords if subwords else 0.0
+
+
+def pair_stats(pairs: tf.data.Dataset, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer,
+               data_config: DataConfig) -> PairStats:
+    """Counts what `make_batches` keeps and drops from `pairs` (the same rule), with lengths."""
+    def summarize(source_ids, target_ids, empty):
+        source_len = tf.cast(source_ids.row_lengths(), tf.int32)
+        target_len = tf.cast(target_ids.row_lengths(), tf.int32)
+        reasons = drop_reasons(source_len, target_len, empty, data_config.max_length)
+        kept = reasons == KEEP
+        unk = [tf.reduce_sum(tf.cast(tf.ragged.boolean_mask(ids, kept) == UNK_ID, tf.int64))
+               for ids in (source_ids, target_ids)]
+        return source_len, target_len, reasons, unk[0], unk[1]
+
+    parts = list(_tokenized(pairs, source_tokenizer, target_tokenizer)
+                 .map(summarize, num_parallel_calls=AUTOTUNE).as_numpy_iterator())
+    source_len, target_len, reasons = (np.concatenate([p[i] for p in parts]) if parts else
+                                       np.zeros([0], np.int32) for i in range(3))
+    return PairStats(
+        total=len(reasons),
+        kept=int(np.sum(reasons == KEEP)),
+        dropped={name: int(np.sum(reasons == code)) for code, name in DROP_REASONS.items()},
+        reasons=reasons,
+        source_lengths=source_len,
+        target_lengths=target_len,
+        source_unk=int(sum(p[3] for p in parts)),
+        target_unk=int(sum(p[4] for p in parts)),
+    )
+
+
+# ----------------------------------------------------------------------------- batching
+
+def bucket_lengths(data_config: DataConfig) -> list[int]:
+    """Padded lengths of the batches: multiples of `bucket_step`, the last one >= `max_length`."""
+    step = data_config.bucket_step
+    return [step * k for k in range(1, math.ceil(data_config.max_length / step) + 1)]
+
+
+def bucket_batch_sizes(data_config: DataConfig, num_replicas: int = 1) -> list[int]:
+    """Pairs per batch for each bucket length: floor(tokens_per_batch / length), rounded down to
+    a multiple of `num_replicas` so that the global batch splits evenly between replicas."""
+    sizes = []
+    for length in bucket_lengths(data_config):
+        size = data_config.tokens_per_batch // length // num_replicas * num_replicas
+        if size == 0:
+            raise ConfigError(
+                f"data.tokens_per_batch={data_config.tokens_per_batch} cannot hold one pair of "
+                f"length {length} per replica for {num_replicas} replicas")
+        sizes.append(size)
+    return sizes
+
+
+def _shift_target(source_ids, target_ids, empty):
+    del empty
+    return (source_ids, target_ids[:-1]), target_ids[1:]
+
+
+def _filtered_examples(pairs, source_tokenizer, target_tokenizer, data_config):
+    """Kept pairs as ((source_ids [n], target_in_ids [m]), target_out_ids [m]), unpadded."""
+    def keep(source_ids, target_ids, empty):
+        return drop_reasons(tf.size(source_ids), tf.size(target_ids), empty,
+                            data_config.max_length) == KEEP
+    return (_tokenized(pairs, source_tokenizer, target_tokenizer)
+            .unbatch()
+            .filter(keep)
+            .map(_shift_target, num_parallel_calls=AUTOTUNE))
+
+
+def make_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
+                 target_tokenizer: Tokenizer, data_config: DataConfig, *, training: bool,
+                 num_replicas: int = 1) -> tf.data.Dataset:
+    """Token batches for `model.fit`: ((source_ids, target_in_ids), target_out_ids).
+
+    Each element is int32 [batch, length], padded with PAD = 0; target_in = [START, w1, ..., wn]
+    and target_out = [w1, ..., wn, END]. Pairs are grouped by length (the longer of source and
+    target_in) into buckets whose padded `length` is a multiple of `bucket_step` up to
+    `max_length`; `batch * length <= tokens_per_batch` on each side (see `bucket_batch_sizes`).
+    Pairs with an empty side or longer than `max_length` are dropped (`pair_stats` counts them).
+
+    Tokenized pairs are cached in memory (after the first pass); with `training` they are
+    reshuffled each epoch. With `num_replicas > 1`, batch sizes are multiples of `num_replicas`
+    and the last, partial batch of a bucket is left out unless it also divides evenly, so every
+    replica gets the same number of pairs; each epoch's shuffle leaves out different pairs.
+    """
+    lengths = bucket_lengths(data_config)
+    sizes = bucket_batch_sizes(data_config, num_replicas)
+    examples = _filtered_examples(pairs, source_tokenizer, target_tokenizer, data_config)
+    if getattr(data_config, "cache", True):
+        examples = examples.cache()
+    if training:
+        examples = examples.shuffle(data_config.shuffle_buffer, reshuffle_each_iteration=True)
+    batches = examples.bucket_by_sequence_length(
+        element_length_func=lambda inputs, target_out: tf.maximum(tf.size(inputs[0]),
+                                                                  tf.size(inputs[1])),
+        bucket_boundaries=[length + 1 for length in lengths],  # bucket i: lengths < boundary i
+        bucket_batch_sizes=sizes + [1],  # the last, unbounded bucket gets nothing: too long
+        pad_to_bucket_boundary=True,  # pads to boundary - 1 = the bucket length
+    )
+    if num_replicas > 1:
+        batches = batches.filter(
+            lambda inputs, target_out: tf.shape(target_out)[0] % num_replicas == 0)
+    return batches.prefetch(AUTOTUNE)
+
+
+def fixed_size_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
+                       target_tokenizer: Tokenizer, data_config: DataConfig,
+                       batch_size: int = 64) -> tf.data.Dataset:
+    """The tf.text tutorial's batching, for comparison: `batch_size` pairs in reading order,
+    padded to the longest in the batch (same filtering as `make_batches`)."""
+    examples = _filtered_examples(pairs, source_tokenizer, target_tokenizer, data_config)
+    return examples.padded_batch(batch_size).prefetch(AUTOTUNE)
+
+
+@dataclasses.dataclass
+class BatchStats:
+    """Sizes of a batched dataset's batches (source side and target_out side)."""
+
+    batches: int
+    pairs: int
+    shapes: list  # distinct (batch, source_length, target_length), sorted
+    source_tokens: int  # non-PAD tokens
+    target_tokens: int
+    padded_source_tokens: int  # batch * length summed over batches
+    padded_target_tokens: int
+    max_padded_tokens: int  # the largest batch * length of either side
+
+    def padding_fraction(self, side: str) -> float:
+        real, padded = ((self.source_tokens, self.padded_source_tokens) if side == "source"
+                        else (self.target_tokens, self.padded_target_tokens))
+        return 1.0 - real / padded if padded else 0.0
+
+
+def batch_stats(batches: tf.data.Dataset) -> BatchStats:
+    """Iterates `((source, target_in), target_out)` batches once and measures them."""
+    def measure(inputs, target_out):
+        source = inputs[0]
+        return (tf.shape(source), tf.shape(target_out),
+                tf.math.count_nonzero(source), tf.math.count_nonzero(target_out))
+
+    shapes, totals = set(), np.zeros(4, np.int64)
+    count = pairs = max_padded = 0
+    for source_shape, target_shape, source_real, target_real in (
+            batches.map(measure).as_numpy_iterator()):
+        count += 1
+        pairs += int(source_shape[0])
+        shapes.add((int(source_shape[0]), int(source_shape[1]), int(target_shape[1])))
+        padded = (int(np.prod(source_shape)), int(np.prod(target_shape)))
+        totals += (source_real, target_real, *padded)
+        max_padded = max(max_padded, *padded)
+    return BatchStats(count, pairs, sorted(shapes), int(totals[0]), int(totals[1]),
+                      int(totals[2]), int(totals[3]), max_padded)
+
+
+# ----------------------------------------------------------------------------- CLI entry points
+
+def _vocab_dir(data_config: DataConfig, vocab_dir) -> Path:
+    vocab_dir = vocab_dir or data_config.vocab_dir
+    if not vocab_dir:
+        raise ConfigError("no vocabulary folder: set data.vocab_dir or pass vocab_dir")
+    return Path(vocab_dir)
+
+
+def build_vocab(data_config: DataConfig, vocab_dir: str | os.PathLike | None = None):
+    """Learns the vocabularies from the training split, writes them; returns (source, target)."""
+    if data_config.train_split == data_config.test_split:
+        raise ConfigError(f"data.train_split={data_config.train_split!r} is the test split: "
+                          "vocabularies are never learned from test data")
+    pairs = load_pairs(data_config, data_config.train_split)
+    return build_tokenizers(data_config, pairs, _vocab_dir(data_config, vocab_dir))
+
+
+def data_stats(data_config: DataConfig, vocab_dir: str | os.PathLike | None = None) -> dict:
+    """Per split: pairs kept/dropped by reason, token length percentiles, unknown-token rates;
+    for the training split also the batches `make_batches` makes (tokens per batch, padding) next
+    to fixed 64-pair batches. Needs the vocabulary (`build_vocab`)."""
+    source_tokenizer, target_tokenizer = load_tokenizers(data_config,
+                                                         _vocab_dir(data_config, vocab_dir))
+    result = {"dataset": data_config.dataset,
+              "direction": f"{data_config.source_lang}->{data_config.target_lang}",
+              "tokenizer": data_config.tokenizer,
+              "vocab_size": {"source": source_tokenizer.vocab_size,
+                             "target": target_tokenizer.vocab_size},
+              "splits": {}}
+    for split in (data_config.train_split, data_config.validation_split, data_config.test_split):
+        pairs = load_pairs(data_config, split)
+        stats = pair_stats(pairs, source_tokenizer, target_tokenizer, data_config)
+        entry = {
+            "pairs": stats.total, "kept": stats.kept, "dropped": stats.dropped,
+            "source_length": stats.percentiles("source"),
+            "target_length": stats.percentiles("target"),
+            "source_unk_rate": stats.unk_rate("source"),
+            "target_unk_rate": stats.unk_rate("target"),
+        }
+        if split == data_config.train_split:
+            bucketed = batch_stats(make_batches(pairs, source_tokenizer, target_tokenizer,
+                                                data_config, training=False))
+            fixed = batch_stats(fixed_size_batches(pairs, source_tokenizer, target_tokenizer,
+                                                   data_config))
+            entry["batches"] = _batch_entry(bucketed, data_config.tokens_per_batch)
+            entry["fixed_64_batches"] = _batch_entry(fixed, None)
+        result["splits"][split] = entry
+    return result
+
+
+def _batch_entry(stats: BatchStats, budget: int | None) -> dict:
+    entry = {
+        "batches": stats.batches,
+        "pairs": stats.pairs,
+        "shapes": len(stats.shapes),
+        "mean_pairs_per_batch": stats.pairs / max(stats.batches, 1),
+        "mean_source_tokens": stats.source_tokens / max(stats.batches, 1),
+        "mean_target_tokens": stats.target_tokens / max(stats.batches, 1),
+        "max_padded_tokens": stats.max_padded_tokens,
+        "source_padding": stats.padding_fraction("source"),
+        "target_padding": stats.padding_fraction("target"),
+    }
+    if budget is not None:
+        entry["tokens_per_batch"] = budget
+    return entry
+
+
+def format_data_stats(stats: dict) -> str:
+    """A human-readable report of `data_stats`."""
+    lines = [f"{stats['dataset']} {stats['direction']}, {stats['tokenizer']} vocabulary "
+             f"(source {stats['vocab_size']['source']}, target {stats['vocab_size']['target']})"]
+    for split, entry in stats["splits"].items():
+        dropped = ", ".join(f"{n} {reason}" for reason, n in entry["dropped"].items())
+        lines.append(f"\n[{split}] {entry['pairs']} pairs: {entry['kept']} kept, dropped {dropped}")
+        for side in ("source", "target"):
+            pct = " ".join(f"p{p}={v}" for p, v in entry[f"{side}_length"].items())
+            lines.append(f"  {side} tokens (with START/END): {pct}; "
+                         f"unknown-token rate {entry[f'{side}_unk_rate']:.4%}")
+        for key, title in (("batches", "bucketed batches"), ("fixed_64_batches", "64-pair batches")):
+            if key in entry:
+                b = entry[key]
+                budget = f", budget {b['tokens_per_batch']}" if "tokens_per_batch" in b else ""
+                lines.append(
+                    f"  {title}: {b['batches']} batches in {b['shapes']} shapes, "
+                    f"{b['mean_pairs_per_batch']:.1f} pairs, {b['mean_source_tokens']:.0f} source / "
+                    f"{b['mean_target_tokens']:.0f} target tokens per batch (max padded "
+                    f"{b['max_padded_tokens']}{budget}); padding {b['source_padding']:.1%} source, "
+                    f"{b['target_padding']:.1%} target")
+    return "\n".join(lines)

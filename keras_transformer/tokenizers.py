@@ -1,0 +1,315 @@
+"""Subword tokenizers that run inside the TensorFlow graph and export with a SavedModel.
+
+Two kinds, both `tf.Module`s with the same interface (after the tf.text tutorial's
+`CustomTokenizer`):
+
+- `SentencePieceTokenizer`: one JOINT source+target vocabulary, trained with the `sentencepiece`
+  package and run with `tensorflow_text.SentencepieceTokenizer` (ops `SentencepieceOp`,
+  `SentencepieceTokenizeOp`, `SentencepieceDetokenizeOp`). Identity normalization and byte
+  fallback make `detokenize(tokenize(s)) == s` exact for any text without leading whitespace.
+- `WordPieceTokenizer`: one vocabulary per language, learned with tf-text's
+  `bert_vocab_from_dataset` and run with `tensorflow_text.BertTokenizer` (ops
+  `RegexSplitWithOffsets`, `WordpieceTokenizeWithOffsets`, plus `CaseFoldUTF8`/`NormalizeUTF8`
+  when lowercasing). Its round trip is exact up to `WordPieceTokenizer.normalize`: words and
+  punctuation are split apart, then rejoined with one space except around punctuation (see
+  `_NATURAL_SPACING`), characters missing from the vocabulary become `[UNK]`.
+
+Every vocabulary reserves PAD = 0, START = 1, END = 2, UNK = 3. `tokenize` adds START and END;
+`detokenize` drops PAD and START and cuts at the first END, so it takes model output directly.
+
+`build_tokenizers` learns the vocabularies from training pairs and writes them to `vocab_dir`
+with a `tokenizer.json` describing how they were made; `load_tokenizers` reuses them and refuses
+files made with other settings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Iterable
+
+import sentencepiece
+import tensorflow as tf
+import tensorflow_text as text
+from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
+
+from keras_transformer.config import ConfigError, DataConfig
+
+logger = logging.getLogger(__name__)
+
+PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
+WORDPIECE_RESERVED = ["[PAD]", "[START]", "[END]", "[UNK]"]  # in id order
+SENTENCEPIECE_FILE = "sentencepiece.model"
+META_FILE = "tokenizer.json"
+
+# tf-text ops the TF Serving model server links (see FIELD-NOTES): graphs may use no other custom op.
+SERVING_TF_TEXT_OPS = frozenset({
+    # BertTokenizer (since Serving 2.2)
+    "CaseFoldUTF8", "NormalizeUTF8", "RegexSplitWithOffsets", "WordpieceTokenizeWithOffsets",
+    # FastWordpiece (2.10), FastBertNormalize and fast SentencePiece (2.12)
+    "FastWordpieceTokenizeWithOffsets", "FastWordpieceDetokenize", "FastBertNormalize",
+    "TFText>FastSentencepieceTokenize", "TFText>FastSentencepieceDetokenize",
+    # SentencepieceOp family
+    "SentencepieceOp", "SentencepieceTokenizeOp", "SentencepieceTokenizeWithOffsetsOp",
+    "SentencepieceDetokenizeOp", "SentencepieceVocabSizeOp", "SentencepieceIdToStringOp",
+    "SentencepieceStringToIdOp",
+})
+
+STRINGS_SPEC = tf.TensorSpec([None], tf.string)
+
+
+class Tokenizer(tf.Module):
+    """Strings <-> subword ids with reserved PAD/START/END/UNK ids; exportable with tf.saved_model.
+
+    Subclasses implement `_tokenize_words(strings) -> ragged int32 [batch, (len)]` (no START/END)
+    and `_detokenize_clean(ragged ids) -> string [batch]` (ids without reserved markers), and set
+    `vocab_size`.
+    """
+
+    vocab_size: int
+
+    def __init__(self, name=None):
+        super().__init__(name=name)
+        # Trace both `detokenize` signatures now so that a SavedModel holding this module keeps both.
+        self.detokenize.get_concrete_function(tf.TensorSpec([None, None], tf.int32))
+        self.detokenize.get_concrete_function(tf.RaggedTensorSpec([None, None], tf.int32, 1))
+
+    @tf.function(input_signature=[STRINGS_SPEC])
+    def tokenize(self, strings):
+        """string [batch] -> ragged int32 [batch, (len)]: START, subword ids, END."""
+        ids = self._tokenize_words(strings)  # [batch, (n)]
+        batch = tf.shape(strings, out_type=tf.int64)[0]
+        start = tf.fill([batch, 1], tf.constant(START_ID, tf.int32))
+        end = tf.fill([batch, 1], tf.constant(END_ID, tf.int32))
+        return tf.concat([start, ids, end], axis=1)
+
+    @tf.function
+    def detokenize(self, ids):
+        """int32 [batch, len] (dense or ragged) -> string [batch].
+
+        Drops PAD and START, stops at the first END, so decoder output can be passed as it is.
+        """
+        if isinstance(ids, tf.RaggedTensor):
+            ids = ids.to_tensor(default_value=PAD_ID)
+        ids = tf.cast(ids, tf.int32)
+        before_end = tf.math.cumsum(tf.cast(ids == END_ID, tf.int32), axis=1) == 0
+        keep = before_end & (ids != PAD_ID) & (ids != START_ID)
+        return self._detokenize_clean(tf.ragged.boolean_mask(ids, keep))
+
+    def _tokenize_words(self, strings):
+        raise NotImplementedError
+
+    def _detokenize_clean(self, ids):
+        raise NotImplementedError
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """SentencePiece model run by tf-text; `model_path` is tracked as a SavedModel asset.
+
+    The model must use the reserved ids (see `train_sentencepiece`).
+    """
+
+    def __init__(self, model_path: str | Path, name=None):
+        model_path = str(model_path)
+        self.model_file = tf.saved_model.Asset(model_path)
+        with tf.io.gfile.GFile(model_path, "rb") as f:
+            model = f.read()
+        self._check_reserved_ids(model, model_path)
+        self.tokenizer = text.SentencepieceTokenizer(model=model, out_type=tf.int32)
+        self.vocab_size = int(self.tokenizer.vocab_size())
+        super().__init__(name=name)
+
+    @staticmethod
+    def _check_reserved_ids(model: bytes, model_path: str) -> None:
+        processor = sentencepiece.SentencePieceProcessor(model_proto=model)
+        found = (processor.pad_id(), processor.bos_id(), processor.eos_id(), processor.unk_id())
+        if found != (PAD_ID, START_ID, END_ID, UNK_ID):
+            raise ValueError(
+                f"{model_path}: SentencePiece model has pad/bos/eos/unk ids {found}, expected "
+                f"{(PAD_ID, START_ID, END_ID, UNK_ID)}; train it with train_sentencepiece()")
+
+    def _tokenize_words(self, strings):
+        return self.tokenizer.tokenize(strings)
+
+    def _detokenize_clean(self, ids):
+        return self.tokenizer.detokenize(ids)
+
+
+# Natural spacing for WordPiece output, whose words come back joined by single spaces:
+# no space before closing punctuation, none after opening brackets, none around ' ’ - /.
+_NATURAL_SPACING = (
+    (r" ([.,!?;:%)\]}])", r"\1"),
+    (r"([(\[{]) ", r"\1"),
+    (r" ?(['’/-]) ?", r"\1"),
+)
+
+
+class WordPieceTokenizer(Tokenizer):
+    """tf-text `BertTokenizer` over a vocabulary file (tracked as a SavedModel asset).
+
+    Case-preserving unless `lowercase` (then NFD, case folding and accent stripping, as BERT and
+    the tf.text tutorial do). The vocabulary's first ids must be `WORDPIECE_RESERVED`.
+    """
+
+    def __init__(self, vocab_path: str | Path, lowercase: bool = False, name=None):
+        vocab_path = str(vocab_path)
+        self.vocab_file = tf.saved_model.Asset(vocab_path)
+        vocab = _read_vocab(vocab_path)
+        if vocab[:len(WORDPIECE_RESERVED)] != WORDPIECE_RESERVED:
+            raise ValueError(f"{vocab_path}: vocabulary must start with {WORDPIECE_RESERVED}, "
+                             f"found {vocab[:len(WORDPIECE_RESERVED)]}")
+        self.vocab_size = len(vocab)
+        self.lowercase = lowercase
+        # A path string lets the lookup table's TextFileInitializer track the file as an asset too.
+        self.tokenizer = text.BertTokenizer(vocab_path, lower_case=lowercase,
+                                            token_out_type=tf.int32, unknown_token="[UNK]")
+        super().__init__(name=name)
+
+    def _tokenize_words(self, strings):
+        return self.tokenizer.tokenize(strings).merge_dims(-2, -1)  # [batch, (words), (pieces)] -> [batch, (n)]
+
+    def _detokenize_clean(self, ids):
+        return self._join_words(self.tokenizer.detokenize(ids))  # words: ragged string [batch, (words)]
+
+    def normalize(self, strings):
+        """string [batch] -> string [batch]: what a round trip gives back when every character is
+        in the vocabulary (same word splitting and lowercasing as `tokenize`, natural spacing)."""
+        words = text.BasicTokenizer(lower_case=self.lowercase).tokenize(strings)
+        return self._join_words(words)
+
+    @staticmethod
+    def _join_words(words):
+        """ragged string [batch, (words)] -> string [batch] with natural spacing."""
+        joined = tf.strings.reduce_join(words, separator=" ", axis=-1)
+        for pattern, rewrite in _NATURAL_SPACING:
+            joined = tf.strings.regex_replace(joined, pattern, rewrite)
+        return joined
+
+
+def _read_vocab(path: str | Path) -> list[str]:
+    with tf.io.gfile.GFile(str(path), "r") as f:
+        return f.read().splitlines()
+
+
+def train_sentencepiece(sentences: Iterable[str], model_path: str | Path, vocab_size: int,
+                        max_sentences: int = 2_000_000) -> Path:
+    """Trains a unigram SentencePiece model on `sentences` and writes `model_path`.
+
+    Identity normalization, kept whitespace and byte fallback make the round trip exact (no
+    NFKC rewriting, unseen characters become byte pieces instead of UNK). `vocab_size` is a soft
+    limit: a small corpus may give fewer pieces. At most `max_sentences` (a random sample) are used.
+    """
+    model_path = Path(model_path)
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_prefix=str(model_path.with_suffix("")),
+        model_type="unigram",
+        vocab_size=vocab_size,
+        hard_vocab_limit=False,
+        pad_id=PAD_ID, bos_id=START_ID, eos_id=END_ID, unk_id=UNK_ID,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        byte_fallback=True,
+        character_coverage=0.9999,
+        input_sentence_size=max_sentences,
+        shuffle_input_sentence=True,
+        num_threads=2,
+        minloglevel=2,
+    )
+    written = model_path.with_suffix(".model")
+    if written != model_path:
+        written.rename(model_path)
+    model_path.with_suffix(".vocab").unlink(missing_ok=True)  # a human-readable copy we do not use
+    return model_path
+
+
+def learn_wordpiece_vocab(sentences: tf.data.Dataset, vocab_path: str | Path, vocab_size: int,
+                          lowercase: bool = False) -> Path:
+    """Learns a WordPiece vocabulary from a dataset of scalar strings; writes one token a line.
+
+    The reserved tokens come first, so their ids are PAD_ID, START_ID, END_ID, UNK_ID.
+    """
+    vocab = bert_vocab_from_dataset.bert_vocab_from_dataset(
+        sentences.batch(1024).prefetch(2),
+        vocab_size=vocab_size,
+        reserved_tokens=WORDPIECE_RESERVED,
+        bert_tokenizer_params={"lower_case": lowercase},
+        learn_params={},
+    )
+    vocab_path = Path(vocab_path)
+    vocab_path.parent.mkdir(parents=True, exist_ok=True)
+    vocab_path.write_text("".join(token + "\n" for token in vocab), encoding="utf-8")
+    return vocab_path
+
+
+def _settings(data_config: DataConfig) -> dict:
+    """What a vocabulary depends on; stored beside it so a changed config is not silently ignored."""
+    if data_config.tokenizer == "sentencepiece" and data_config.lowercase:
+        raise ConfigError("data.lowercase=True is for the wordpiece tokenizer; sentencepiece keeps "
+                          "the text exactly (set data.tokenizer='wordpiece' or lowercase=False)")
+    return {
+        "tokenizer": data_config.tokenizer,
+        "vocab_size": data_config.vocab_size,
+        "lowercase": data_config.lowercase,
+        "languages": sorted({data_config.source_lang, data_config.target_lang}),
+        "dataset": data_config.dataset,
+    }
+
+
+def build_tokenizers(data_config: DataConfig, train_pairs: tf.data.Dataset,
+                     vocab_dir: str | Path) -> tuple[Tokenizer, Tokenizer]:
+    """Learns vocabularies from (source, target) string pairs; writes them to `vocab_dir`.
+
+    SentencePiece: one joint model from both sides (the two returned tokenizers are the same
+    object). WordPiece: one vocabulary per language. Pass training pairs only, never test pairs.
+    """
+    settings = _settings(data_config)
+    vocab_dir = Path(vocab_dir)
+    vocab_dir.mkdir(parents=True, exist_ok=True)
+    if data_config.tokenizer == "sentencepiece":
+        def both_sides():
+            for source, target in train_pairs.as_numpy_iterator():
+                yield source.decode("utf-8")
+                yield target.decode("utf-8")
+        train_sentencepiece(both_sides(), vocab_dir / SENTENCEPIECE_FILE, data_config.vocab_size)
+    else:
+        for index, lang in enumerate(_wordpiece_langs(data_config)):
+            side = train_pairs.map(lambda *pair, i=index: pair[i])
+            learn_wordpiece_vocab(side, vocab_dir / f"wordpiece.{lang}.vocab",
+                                  data_config.vocab_size, data_config.lowercase)
+    (vocab_dir / META_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+    logger.info("wrote %s vocabulary to %s", data_config.tokenizer, vocab_dir)
+    return load_tokenizers(data_config, vocab_dir)
+
+
+def _wordpiece_langs(data_config: DataConfig) -> tuple[str, str]:
+    return data_config.source_lang, data_config.target_lang
+
+
+def load_tokenizers(data_config: DataConfig,
+                    vocab_dir: str | Path) -> tuple[Tokenizer, Tokenizer]:
+    """(source, target) tokenizers from the files `build_tokenizers` wrote to `vocab_dir`.
+
+    Raises ConfigError if the files are missing or were built with other settings.
+    """
+    vocab_dir = Path(vocab_dir)
+    meta_path = vocab_dir / META_FILE
+    if not meta_path.is_file():
+        raise ConfigError(f"no vocabulary in {vocab_dir} ({META_FILE} not found): "
+                          "run `keras-transformer build-vocab --config ...` first")
+    built = json.loads(meta_path.read_text())
+    wanted = _settings(data_config)
+    changed = {k: (built.get(k), v) for k, v in wanted.items() if built.get(k) != v}
+    if changed:
+        details = ", ".join(f"{k}: built with {b!r}, config has {w!r}" for k, (b, w) in changed.items())
+        raise ConfigError(f"vocabulary in {vocab_dir} does not match data config ({details}); "
+                          "rebuild it or point data.vocab_dir elsewhere")
+    if data_config.tokenizer == "sentencepiece":
+        joint = SentencePieceTokenizer(vocab_dir / SENTENCEPIECE_FILE)
+        return joint, joint
+    source, target = (WordPieceTokenizer(vocab_dir / f"wordpiece.{lang}.vocab", data_config.lowercase)
+                      for lang in _wordpiece_langs(data_config))
+    return source, target
