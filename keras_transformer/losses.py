@@ -1,6 +1,7 @@
 """Masked, label-smoothed cross-entropy (section 5.4) and masked token accuracy."""
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from keras_transformer.model import PAD_ID
@@ -13,9 +14,11 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
     Uses -sum_v q_v log p_v = logsumexp(z) - (1 - epsilon) z_y - epsilon mean_v(z), so neither a
     one-hot `[batch, length, vocab]` tensor nor the full log-softmax is materialized.
 
-    Returns per-token losses with padding masked out and leaves the reduction to Keras
-    ("sum_over_batch_size" over the real tokens): that keeps the loss and its gradients right
-    under a distribution strategy, where Keras scales per-replica losses by the replica count.
+    The result is the mean over the real (non-padding) target tokens of the global batch. Under a
+    distribution strategy each replica weights its per-token losses by 1 / (tokens in all
+    replicas) and Keras sums them ("sum" reduction, which Keras does not rescale by the replica
+    count): the sum of the replicas' losses, and of their gradients, is then exactly the
+    single-device value, however unevenly the tokens fall between replicas.
 
     Args:
         label_smoothing: epsilon (0.1 in the paper); 0 gives plain sparse cross-entropy.
@@ -24,14 +27,31 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
     Call arguments:
         y_true: int `[batch, length]`.
         y_pred: logits `[batch, length, vocab]`.
+        sample_weight: optional float `[batch]` or `[batch, length]` token weights.
     """
 
     def __init__(self, label_smoothing=0.1, pad_id=PAD_ID, name="label_smoothed_ce", **kwargs):
+        kwargs["reduction"] = "sum"
         super().__init__(name=name, **kwargs)
         self.label_smoothing = label_smoothing
         self.pad_id = pad_id
 
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        weights = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")  # [batch, length]
+        if sample_weight is not None:
+            sample_weight = ops.cast(sample_weight, "float32")
+            if len(sample_weight.shape) == 1:
+                sample_weight = sample_weight[:, None]
+            weights = weights * sample_weight
+        tokens = ops.sum(weights)
+        replica_context = tf.distribute.get_replica_context()
+        if replica_context is not None and replica_context.num_replicas_in_sync > 1:
+            tokens = replica_context.all_reduce("sum", tokens)
+        return super().__call__(y_true, y_pred,
+                                sample_weight=weights / ops.maximum(tokens, 1.0))
+
     def call(self, y_true, y_pred):
+        """Per-token losses `[batch, length]` (padding included; `__call__` weights it by 0)."""
         y_true = ops.cast(y_true, "int32")
         logits = ops.cast(y_pred, "float32")
         log_normalizer = ops.logsumexp(logits, axis=-1)  # [batch, length]
@@ -40,14 +60,12 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
         loss = log_normalizer - (1.0 - self.label_smoothing) * true_logit
         if self.label_smoothing:
             loss = loss - self.label_smoothing * ops.mean(logits, axis=-1)
-        mask = ops.not_equal(y_true, self.pad_id)
-        loss = ops.where(mask, loss, 0.0)
-        keras.backend.set_keras_mask(loss, mask)
         return loss
 
     def get_config(self):
-        return {**super().get_config(), "label_smoothing": self.label_smoothing,
-                "pad_id": self.pad_id}
+        config = super().get_config()
+        config.pop("reduction", None)
+        return {**config, "label_smoothing": self.label_smoothing, "pad_id": self.pad_id}
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

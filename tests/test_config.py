@@ -1,0 +1,94 @@
+"""Config dataclasses: presets, validation errors that name field and value, YAML round trip."""
+
+import pytest
+
+from keras_transformer.config import (
+    ConfigError,
+    DataConfig,
+    ExperimentConfig,
+    ModelConfig,
+    TrainConfig,
+    preset_names,
+)
+
+
+def test_presets_hold_the_papers_and_tutorials_models():
+    assert {"tiny", "tutorial", "base", "big"} <= set(preset_names())
+    tutorial = ModelConfig.from_preset("tutorial")
+    assert (tutorial.num_layers, tutorial.d_model, tutorial.dff, tutorial.num_heads) == (4, 128, 512, 8)
+    base = ModelConfig.from_preset("base")
+    assert (base.num_layers, base.d_model, base.dff, base.num_heads, base.dropout) == (6, 512, 2048, 8, 0.1)
+    big = ModelConfig.from_preset("big")
+    assert (big.num_layers, big.d_model, big.dff, big.num_heads, big.dropout) == (6, 1024, 4096, 16, 0.3)
+
+
+def test_preset_overrides():
+    config = ModelConfig.from_preset("tutorial", dropout=0.2, norm="pre")
+    assert (config.dropout, config.norm, config.d_model) == (0.2, "pre", 128)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(d_model=100, num_heads=8), "model.d_model=100 is not divisible by model.num_heads=8"),
+    (dict(dropout=1.5), "model.dropout=1.5"),
+    (dict(norm="middle"), "model.norm='middle'"),
+    (dict(share_embeddings="all", source_vocab_size=10, target_vocab_size=20),
+     "model.source_vocab_size=10 != model.target_vocab_size=20"),
+    (dict(num_layers=0), "model.num_layers=0 must be positive"),
+])
+def test_model_config_errors_name_field_and_value(kwargs, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ModelConfig(**kwargs)
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(ConfigError, match="unknown model preset 'huge'.*tutorial"):
+        ModelConfig.from_preset("huge")
+
+
+def test_experiment_yaml_with_preset_and_overrides(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("name: demo\nmodel: {preset: tutorial, dropout: 0.3}\n"
+                    "data: {source_lang: en, target_lang: de}\ntrain: {epochs: 3}\n")
+    config = ExperimentConfig.from_yaml(path, ["train.epochs=5", "model.num_layers=2",
+                                               "data.data_dir=/tmp/x"])
+    assert config.model.d_model == 128 and config.model.dropout == 0.3
+    assert config.model.num_layers == 2 and config.train.epochs == 5
+    assert config.data.source_lang == "en" and config.data.data_dir == "/tmp/x"
+    saved = tmp_path / "saved.yaml"
+    config.to_yaml(saved)
+    assert ExperimentConfig.from_yaml(saved) == config
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.epoch=3", "unknown config key 'train.epoch'"),
+    ("train.epochs=three", r"train.epochs='three' has the wrong type: expected int"),
+    ("model.dropout=high", "model.dropout='high' has the wrong type"),
+    ("train.precision=float8", "train.precision='float8' is not one of"),
+    ("trainepochs", "not of the form section.key=value"),
+])
+def test_bad_experiment_values_name_the_key(tmp_path, override, message):
+    path = tmp_path / "exp.yaml"
+    path.write_text("name: demo\n")
+    with pytest.raises(ConfigError, match=message):
+        ExperimentConfig.from_yaml(path, [override])
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found: .*nope.yaml"):
+        ExperimentConfig.from_yaml(tmp_path / "nope.yaml")
+
+
+def test_data_dir_error_names_the_variable(monkeypatch):
+    monkeypatch.delenv("KERAS_TRANSFORMER_DATA", raising=False)
+    with pytest.raises(ConfigError, match="KERAS_TRANSFORMER_DATA"):
+        DataConfig().resolved_data_dir()
+    monkeypatch.setenv("KERAS_TRANSFORMER_DATA", "/data/m30k")
+    assert str(DataConfig().resolved_data_dir()) == "/data/m30k"
+
+
+def test_ints_are_accepted_for_floats_but_bools_are_not_ints(tmp_path):
+    config = ExperimentConfig.from_dict({"model": {"dropout": 0}, "train": {"label_smoothing": 0}})
+    assert isinstance(config.model.dropout, float)
+    with pytest.raises(ConfigError, match="train.epochs=True"):
+        ExperimentConfig.from_dict({"train": {"epochs": True}})
+    assert TrainConfig().strategy == "auto"

@@ -1,0 +1,84 @@
+"""Label-smoothed cross-entropy and masked accuracy against reference computations."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
+
+
+def example(seed=0, vocab=11):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(scale=3.0, size=(2, 5, vocab)).astype("float32")
+    labels = rng.integers(1, vocab, size=(2, 5)).astype("int32")
+    labels[0, 3:] = 0
+    labels[1, 4:] = 0
+    return labels, logits
+
+
+def reference(labels, logits, epsilon):
+    """Mean over real tokens of -sum_v q_v log softmax(z)_v with q the smoothed one-hot."""
+    vocab = logits.shape[-1]
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    q = np.eye(vocab)[labels] * (1 - epsilon) + epsilon / vocab
+    per_token = -(q * log_probs).sum(-1)
+    mask = labels != 0
+    return per_token[mask].mean()
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
+def test_matches_one_hot_reference(epsilon):
+    labels, logits = example()
+    loss = MaskedLabelSmoothedCrossEntropy(label_smoothing=epsilon)(labels, logits)
+    np.testing.assert_allclose(float(loss), reference(labels, logits, epsilon), rtol=1e-5)
+
+
+def test_matches_keras_categorical_crossentropy_with_smoothing():
+    labels, logits = example(seed=1)
+    mask = labels != 0
+    keras_loss = keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=0.1)(
+        np.eye(logits.shape[-1])[labels[mask]], logits[mask])
+    ours = MaskedLabelSmoothedCrossEntropy(label_smoothing=0.1)(labels, logits)
+    np.testing.assert_allclose(float(ours), float(keras_loss), rtol=1e-5)
+
+
+def test_zero_epsilon_equals_sparse_crossentropy():
+    labels, logits = example(seed=2)
+    sparse = keras.losses.SparseCategoricalCrossentropy(from_logits=True, ignore_class=0)
+    ours = MaskedLabelSmoothedCrossEntropy(label_smoothing=0.0)
+    np.testing.assert_allclose(float(ours(labels, logits)), float(sparse(labels, logits)),
+                               rtol=1e-5)
+
+
+def test_padding_contributes_nothing():
+    labels, logits = example(seed=3)
+    changed = logits.copy()
+    changed[labels == 0] = np.random.default_rng(9).normal(scale=50, size=changed[labels == 0].shape)
+    loss = MaskedLabelSmoothedCrossEntropy()
+    np.testing.assert_allclose(float(loss(labels, logits)), float(loss(labels, changed)), rtol=1e-6)
+    # Appending padded positions does not dilute the mean.
+    padded_labels = np.pad(labels, [(0, 0), (0, 4)])
+    padded_logits = np.pad(logits, [(0, 0), (0, 4), (0, 0)])
+    np.testing.assert_allclose(float(loss(padded_labels, padded_logits)),
+                               float(loss(labels, logits)), rtol=1e-5)
+
+
+def test_masked_accuracy_counts_real_tokens_only():
+    labels = np.array([[5, 6, 7, 0], [8, 9, 0, 0]])
+    logits = np.zeros((2, 4, 10), "float32")
+    for (b, t), label in np.ndenumerate(labels):
+        logits[b, t, label if (b, t) != (0, 1) else 1] = 1.0  # one real token wrong
+    logits[:, :, 3] = np.where(labels == 0, 5.0, 0.0)  # padding predicted wrong
+    metric = MaskedAccuracy()
+    metric.update_state(labels, logits)
+    np.testing.assert_allclose(float(metric.result()), 4 / 5)
+    metric.update_state(labels[:1, :1], logits[:1, :1])  # one more right token: 5 of 6
+    np.testing.assert_allclose(float(metric.result()), 5 / 6)
+    metric.reset_state()
+    assert float(metric.result()) == 0.0
+
+
+def test_loss_config_round_trip():
+    loss = MaskedLabelSmoothedCrossEntropy(label_smoothing=0.2, pad_id=3)
+    clone = MaskedLabelSmoothedCrossEntropy.from_config(loss.get_config())
+    assert (clone.label_smoothing, clone.pad_id) == (0.2, 3)

@@ -1,0 +1,42 @@
+"""The paper's learning-rate schedule and Adam settings."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_transformer import ModelConfig, TrainConfig, TransformerSchedule, create_optimizer
+
+
+@pytest.mark.parametrize("step", [1, 4000, 100000])
+def test_schedule_equals_formula(step):
+    schedule = TransformerSchedule(d_model=512, warmup_steps=4000)
+    expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+    np.testing.assert_allclose(float(schedule(step)), expected, rtol=1e-6)
+
+
+def test_schedule_peaks_at_warmup_and_step_zero_is_not_wasted():
+    schedule = TransformerSchedule(d_model=128, warmup_steps=100, scale=2.0)
+    rates = np.array([float(schedule(s)) for s in range(0, 400)])
+    assert rates.argmax() == 100
+    assert rates[0] == rates[1] > 0
+    np.testing.assert_allclose(rates[100], 2.0 * 128**-0.5 * 100**-0.5, rtol=1e-6)
+
+
+def test_schedule_counts_updates_with_gradient_accumulation():
+    schedule = TransformerSchedule(d_model=128, warmup_steps=100, steps_per_update=4)
+    np.testing.assert_allclose(float(schedule(400)), float(TransformerSchedule(128, 100)(100)))
+
+
+def test_schedule_serializes():
+    schedule = TransformerSchedule(d_model=256, warmup_steps=8000, scale=0.5, steps_per_update=2)
+    restored = keras.optimizers.schedules.deserialize(
+        keras.optimizers.schedules.serialize(schedule))
+    assert restored.get_config() == schedule.get_config()
+
+
+def test_optimizer_is_the_papers_adam():
+    optimizer = create_optimizer(ModelConfig(), TrainConfig(accumulate_steps=3))
+    assert isinstance(optimizer, keras.optimizers.Adam)
+    assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
+    assert optimizer.gradient_accumulation_steps == 3
+    assert isinstance(optimizer._learning_rate, TransformerSchedule)
