@@ -1,0 +1,407 @@
+"""Tests of greedy and beam search, driven by scripted and random step functions (no model)."""
+
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import decoding
+
+START, END = 1, 2
+
+
+class TableStep:
+    """A random step function whose logits depend on the last token, the step and the whole prefix.
+
+    logits = token_table[step, ids] + history_table[hash(sentence, prefix)], where the prefix
+    (START and the tokens generated so far) is carried in the state as `history [batch, length]`
+    and `sentence [batch]` gives every sentence of a batch its own function. A search that threads
+    or reorders the state wrongly scores sequences differently from `log_probs` below, which
+    recomputes everything from the prefix in numpy.
+    """
+
+    buckets = 31  # the prefix hash range
+
+    def __init__(self, seed, vocab_size, max_length, scale=2.0):
+        rng = np.random.default_rng(seed)
+        self.max_length = max_length
+        self.token_table = (scale * rng.normal(size=(max_length, vocab_size, vocab_size))).astype(
+            np.float32)
+        self.history_table = (scale * rng.normal(size=(self.buckets, vocab_size))).astype(
+            np.float32)
+        self.multipliers = np.array([7 ** t % self.buckets for t in range(max_length)], np.int32)
+
+    def initial_state(self, batch_size):
+        return {"history": tf.zeros([batch_size, self.max_length], tf.int32),
+                "sentence": tf.range(batch_size, dtype=tf.int32)}
+
+    def __call__(self, ids, step, state):
+        history = state["history"] + tf.one_hot(step, self.max_length, dtype=tf.int32) * ids[:, None]
+        bucket = (state["sentence"] * 5 + tf.reduce_sum(history * self.multipliers, axis=1)) % (
+            self.buckets)
+        logits = (tf.gather(tf.gather(self.token_table, step), ids)
+                  + tf.gather(self.history_table, bucket))  # [batch, vocab]
+        return logits, {"history": history, "sentence": state["sentence"]}
+
+    def log_probs(self, sentence, prefix):
+        """Numpy log-probabilities `[vocab]` of the token after `prefix` (START first)."""
+        step = len(prefix) - 1
+        bucket = (sentence * 5 + int(np.dot(prefix, self.multipliers[:len(prefix)]))) % self.buckets
+        logits = self.token_table[step, prefix[-1]].astype(np.float64) + self.history_table[bucket]
+        return logits - np.logaddexp.reduce(logits)
+
+    def sequence_log_prob(self, sentence, tokens):
+        prefix = [START]
+        total = 0.0
+        for token in tokens:
+            total += self.log_probs(sentence, prefix)[token]
+            prefix.append(token)
+        return total
+
+
+def strip(ids):
+    """Generated tokens up to END (included), or all `max_length` of them; padding dropped."""
+    ids = list(ids)
+    return ids[:ids.index(END) + 1] if END in ids else ids
+
+
+def padded(tokens, length):
+    return list(tokens) + [decoding.PAD_ID] * (length - len(tokens))
+
+
+def penalty(length, alpha):
+    return ((5 + length) / 6) ** alpha
+
+
+def exhaustive_search(step_fn, sentence, vocab_size, cap, alpha):
+    """Every complete sequence (END-terminated, or `cap` tokens long) with its score, best first."""
+    results = []
+    non_end = [t for t in range(vocab_size) if t != END]
+    for length in range(1, cap + 1):
+        for body in itertools.product(non_end, repeat=length - 1):
+            endings = [END] if length < cap else range(vocab_size)
+            for last in endings:
+                tokens = list(body) + [last]
+                score = step_fn.sequence_log_prob(sentence, tokens) / penalty(length, alpha)
+                results.append((score, tokens))
+    return sorted(results, key=lambda r: -r[0])
+
+
+def reference_beam_search(step_fn, sentence, vocab_size, beam_size, cap, alpha):
+    """The beam search `decoding.beam_search` documents, written plainly in numpy."""
+    alive, finished = [(0.0, [START])], []
+    for _ in range(cap):
+        candidates = sorted(((log_p + step_fn.log_probs(sentence, prefix)[token], prefix + [token])
+                             for log_p, prefix in alive for token in range(vocab_size)),
+                            key=lambda c: -c[0])[:2 * beam_size]
+        ends = [prefix[-1] == END or len(prefix) - 1 == cap for _, prefix in candidates]
+        finished += [(log_p / penalty(len(prefix) - 1, alpha), prefix[1:])
+                     for (log_p, prefix), end in zip(candidates[:beam_size], ends) if end]
+        finished = sorted(finished, key=lambda f: -f[0])[:beam_size]
+        alive = [c for c, end in zip(candidates, ends) if not end][:beam_size]
+        if not alive or (len(finished) == beam_size
+                         and alive[0][0] / penalty(cap, alpha) < finished[-1][0]):
+            break
+    return finished
+
+
+def scripted_step(script):
+    """A step function whose logits at step s are `script[s]`, `[max_length, batch, vocab]`."""
+    script = tf.constant(script, tf.float32)
+
+    def step_fn(ids, step, state):
+        return tf.gather(script, step), state
+
+    return step_fn
+
+
+def one_hot_logits(tokens, vocab_size, peak=5.0):
+    """`[steps, batch, vocab]` logits that put `peak` on tokens `[batch, steps]`."""
+    return peak * np.eye(vocab_size, dtype=np.float32)[np.array(tokens).T]
+
+
+def peak_log_prob(vocab_size, peak=5.0):
+    return peak - np.log(np.exp(peak) + vocab_size - 1)
+
+
+# Greedy search.
+
+
+def test_greedy_scripted_ids_end_padding_and_scores():
+    vocab_size, max_length = 6, 5
+    tokens = [[3, 4, END, 5, 5],  # ends at step 2
+              [3, 3, 3, 3, 3],  # never ends: stops at max_length
+              [END, 4, 4, 4, 4]]  # ends at once
+    script = one_hot_logits(tokens, vocab_size)
+    ids, scores = decoding.greedy_search(scripted_step(script), {}, batch_size=3,
+                                         max_length=max_length, start_id=START, end_id=END)
+    np.testing.assert_array_equal(ids, [[3, 4, END, 0, 0], [3, 3, 3, 3, 3], [END, 0, 0, 0, 0]])
+    assert ids.dtype == tf.int32 and scores.dtype == tf.float32
+    np.testing.assert_allclose(scores, np.array([3, 5, 1]) * peak_log_prob(vocab_size), rtol=1e-6)
+
+
+def test_greedy_per_sentence_max_lengths():
+    vocab_size, max_length = 6, 5
+    tokens = [[3, 4, 5, 3, 4], [3, 4, END, 3, 3], [5, 5, 5, 5, 5]]
+    script = one_hot_logits(tokens, vocab_size)
+    ids, scores = decoding.greedy_search(scripted_step(script), {}, batch_size=3,
+                                         max_length=max_length, max_lengths=[2, 4, 9])
+    np.testing.assert_array_equal(ids, [[3, 4, 0, 0, 0], [3, 4, END, 0, 0], [5, 5, 5, 5, 5]])
+    np.testing.assert_allclose(scores, np.array([2, 3, 5]) * peak_log_prob(vocab_size), rtol=1e-6)
+
+
+def test_greedy_threads_state():
+    """Logits come from a counter in the state only; the step counter would give other ids."""
+    vocab_size = 8
+
+    def step_fn(ids, step, state):
+        token = 3 + state["counter"] % 4  # [batch]
+        return 5.0 * tf.one_hot(token, vocab_size), {"counter": state["counter"] + 2}
+
+    ids, _ = decoding.greedy_search(step_fn, {"counter": tf.constant([0, 1])}, batch_size=2,
+                                    max_length=4)
+    np.testing.assert_array_equal(ids, [[3, 5, 3, 5], [4, 6, 4, 6]])
+
+
+def test_greedy_feeds_its_own_tokens():
+    """Logits depend on `ids` only (next = ids + 1): the fed tokens are the previous outputs."""
+    vocab_size = 8
+
+    def step_fn(ids, step, state):
+        return 5.0 * tf.one_hot((ids + 1) % vocab_size, vocab_size), state
+
+    ids, _ = decoding.greedy_search(step_fn, {}, batch_size=1, max_length=8, start_id=4)
+    np.testing.assert_array_equal(ids, [[5, 6, 7, 0, 1, END, 0, 0]])
+
+
+def test_greedy_matches_numpy_reference_on_random_function():
+    vocab_size, max_length, batch_size = 7, 6, 5
+    step_fn = TableStep(0, vocab_size, max_length)
+    ids, scores = tf.function(decoding.greedy_search)(
+        step_fn, step_fn.initial_state(batch_size), batch_size=batch_size, max_length=max_length)
+    for sentence in range(batch_size):
+        prefix, total = [START], 0.0
+        while len(prefix) <= max_length:
+            log_probs = step_fn.log_probs(sentence, prefix)
+            prefix.append(int(np.argmax(log_probs)))
+            total += log_probs[prefix[-1]]
+            if prefix[-1] == END:
+                break
+        assert list(ids[sentence]) == padded(prefix[1:], max_length)
+        np.testing.assert_allclose(scores[sentence], total, rtol=1e-5)
+
+
+def test_greedy_stops_when_every_sentence_has_ended():
+    vocab_size, max_length = 6, 50
+    calls = tf.Variable(0)
+    tokens = [[3, END] + [4] * (max_length - 2), [END] + [4] * (max_length - 1)]
+    script = scripted_step(one_hot_logits(tokens, vocab_size))
+
+    def step_fn(ids, step, state):
+        calls.assign_add(1)
+        return script(ids, step, state)
+
+    tf.function(decoding.greedy_search)(step_fn, {}, batch_size=2, max_length=max_length)
+    assert int(calls.numpy()) == 2
+
+
+# Beam search.
+
+
+def test_beam_size_one_equals_greedy():
+    vocab_size, max_length, batch_size = 6, 8, 6
+    for seed in range(3):
+        step_fn = TableStep(seed, vocab_size, max_length, scale=1.0)
+        state = step_fn.initial_state(batch_size)
+        caps = tf.constant([8, 3, 5, 8, 1, 6])
+        greedy_ids, greedy_scores = tf.function(decoding.greedy_search)(
+            step_fn, state, batch_size=batch_size, max_length=max_length, max_lengths=caps)
+        beam_ids, beam_scores = tf.function(decoding.beam_search)(
+            step_fn, state, batch_size=batch_size, beam_size=1, max_length=max_length, alpha=0.0,
+            max_lengths=caps)
+        np.testing.assert_array_equal(beam_ids[:, 0], greedy_ids)
+        np.testing.assert_array_equal(beam_scores[:, 0], greedy_scores)
+
+
+def test_beam_matches_numpy_reference_beam_search():
+    """Pruning included: a small beam over a larger vocabulary, per-sentence caps, n-best."""
+    vocab_size, max_length, batch_size, beam_size = 8, 7, 4, 3
+    caps = [7, 4, 6, 2]
+    search = tf.function(decoding.beam_search)
+    for seed in range(3):
+        step_fn = TableStep(seed, vocab_size, max_length, scale=1.0)
+        ids, scores = search(step_fn, step_fn.initial_state(batch_size), batch_size=batch_size,
+                             beam_size=beam_size, max_length=max_length, alpha=0.6,
+                             max_lengths=tf.constant(caps), num_hypotheses=beam_size)
+        for sentence, cap in enumerate(caps):
+            expected = reference_beam_search(step_fn, sentence, vocab_size, beam_size, cap, 0.6)
+            assert ids[sentence].numpy().tolist() == [padded(t, max_length) for _, t in expected]
+            np.testing.assert_allclose(scores[sentence], [s for s, _ in expected], rtol=1e-5)
+
+
+def test_beam_model_score_at_least_greedy():
+    """With alpha 0, beam 4 scores at least as well as greedy, except where the greedy path
+    falls out of the beam: beam search is not monotone in the beam size, and the numpy reference
+    reproduces every such case (one of these 24 sentences)."""
+    vocab_size, max_length, batch_size = 8, 7, 8
+    beam_total = greedy_total = 0.0
+    for seed in range(3):
+        step_fn = TableStep(seed, vocab_size, max_length, scale=1.0)
+        state = step_fn.initial_state(batch_size)
+        _, greedy_scores = tf.function(decoding.greedy_search)(
+            step_fn, state, batch_size=batch_size, max_length=max_length)
+        beam_ids, beam_scores = tf.function(decoding.beam_search)(
+            step_fn, state, batch_size=batch_size, beam_size=4, max_length=max_length, alpha=0.0)
+        for sentence in range(batch_size):
+            beam_log_prob = step_fn.sequence_log_prob(sentence, strip(beam_ids[sentence, 0]))
+            np.testing.assert_allclose(beam_scores[sentence, 0], beam_log_prob, rtol=1e-5)
+            if beam_log_prob < greedy_scores[sentence] - 1e-5:
+                reference = reference_beam_search(step_fn, sentence, vocab_size, 4, max_length, 0.0)
+                assert strip(beam_ids[sentence, 0]) == reference[0][1]
+                assert reference[0][0] < greedy_scores[sentence]
+        beam_total += float(tf.reduce_sum(beam_scores[:, 0]))
+        greedy_total += float(tf.reduce_sum(greedy_scores))
+    assert beam_total > greedy_total
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_large_beam_equals_exhaustive_search(alpha):
+    vocab_size, max_length, batch_size, num_hypotheses = 4, 4, 3, 5
+    caps = [4, 2, 3]
+    search = tf.function(decoding.beam_search)
+    for seed in range(3):
+        step_fn = TableStep(seed, vocab_size, max_length)
+        # 64 >= every candidate count (4 * 3 ** 2) before the last step: nothing is pruned.
+        ids, scores = search(step_fn, step_fn.initial_state(batch_size), batch_size=batch_size,
+                             beam_size=64, max_length=max_length, alpha=alpha,
+                             max_lengths=tf.constant(caps), num_hypotheses=num_hypotheses)
+        for sentence, cap in enumerate(caps):
+            expected = exhaustive_search(step_fn, sentence, vocab_size, cap, alpha)[:num_hypotheses]
+            assert ids[sentence].numpy().tolist() == [padded(t, max_length) for _, t in expected]
+            np.testing.assert_allclose(scores[sentence], [s for s, _ in expected], rtol=1e-5)
+
+
+def test_beam_scores_match_rescored_ids():
+    """Normalized scores equal numpy's log P / lp of the returned ids: the state was reordered
+    along with the hypotheses (the step function's logits depend on the prefix it carries)."""
+    vocab_size, max_length, batch_size, beam_size = 9, 10, 4, 4
+    step_fn = TableStep(5, vocab_size, max_length, scale=1.0)
+    ids, scores = tf.function(decoding.beam_search)(
+        step_fn, step_fn.initial_state(batch_size), batch_size=batch_size, beam_size=beam_size,
+        max_length=max_length, alpha=0.6, num_hypotheses=beam_size)
+    lengths = set()
+    for sentence in range(batch_size):
+        for hypothesis in range(beam_size):
+            tokens = strip(ids[sentence, hypothesis])
+            lengths.add(len(tokens))
+            expected = step_fn.sequence_log_prob(sentence, tokens) / penalty(len(tokens), 0.6)
+            np.testing.assert_allclose(scores[sentence, hypothesis], expected, rtol=1e-5)
+    assert len(lengths) > 1  # the function is not trivial: hypotheses end at different steps
+
+
+def test_beam_n_best_sorted_and_distinct():
+    vocab_size, max_length, batch_size, beam_size = 7, 6, 3, 5
+    step_fn = TableStep(3, vocab_size, max_length, scale=1.0)
+    ids, scores = tf.function(decoding.beam_search)(
+        step_fn, step_fn.initial_state(batch_size), batch_size=batch_size, beam_size=beam_size,
+        max_length=max_length, num_hypotheses=3)
+    assert ids.shape == (batch_size, 3, max_length) and scores.shape == (batch_size, 3)
+    for sentence in range(batch_size):
+        assert np.all(np.diff(scores[sentence]) <= 0)
+        assert len({tuple(h) for h in ids[sentence].numpy()}) == 3
+        for hypothesis in ids[sentence].numpy():  # padding only after END
+            tokens = strip(hypothesis)
+            assert list(hypothesis) == padded(tokens, max_length)
+
+
+def test_beam_stops_early_when_no_hypothesis_can_improve():
+    """END is almost certain from step 1 on: the search ends long before max_length."""
+    vocab_size, max_length = 5, 40
+    calls = tf.Variable(0)
+
+    def step_fn(ids, step, state):
+        calls.assign_add(1)
+        end_logit = tf.where(step == 0, 0.0, 20.0)
+        return tf.tile([[0.0, 0.0, end_logit, 1.0, 0.5]], [tf.shape(ids)[0], 1]), state
+
+    ids, scores = tf.function(decoding.beam_search)(step_fn, {}, batch_size=2, beam_size=3,
+                                                    max_length=max_length, num_hypotheses=3)
+    assert int(calls.numpy()) == 2
+    np.testing.assert_array_equal(ids[0, :, :2], [[3, END], [4, END], [0, END]])
+
+
+def test_beam_n_best_beyond_possible_sequences_are_empty():
+    """Only 3 sequences of length 1 exist over 3 tokens: the 4th slot is empty."""
+    def step_fn(ids, step, state):
+        return tf.zeros([tf.shape(ids)[0], 3]), state
+
+    ids, scores = decoding.beam_search(step_fn, {}, batch_size=2, beam_size=4, max_length=1, alpha=0.0,
+                                       num_hypotheses=4)
+    np.testing.assert_allclose(scores[:, :3], np.full([2, 3], -np.log(3.0)), rtol=1e-6)
+    np.testing.assert_array_equal(scores[:, 3], [decoding.NEG_INF] * 2)
+    np.testing.assert_array_equal(ids[:, 3], [[0], [0]])
+
+
+def test_beam_argument_checks():
+    with pytest.raises(ValueError, match="num_hypotheses"):
+        decoding.beam_search(None, {}, batch_size=1, beam_size=2, max_length=3, num_hypotheses=3)
+    with pytest.raises(ValueError, match="alpha"):
+        decoding.beam_search(None, {}, batch_size=1, beam_size=2, max_length=3, alpha=-1.0)
+
+
+# Compilation and edge cases.
+
+
+def test_jit_compile_gives_the_same_results():
+    vocab_size, max_length, batch_size = 7, 6, 3
+    step_fn = TableStep(1, vocab_size, max_length, scale=1.0)
+    state = step_fn.initial_state(batch_size)
+    caps = tf.constant([6, 2, 4])
+
+    def search(state, caps):
+        greedy = decoding.greedy_search(step_fn, state, batch_size=batch_size,
+                                        max_length=max_length, max_lengths=caps)
+        beam = decoding.beam_search(step_fn, state, batch_size=batch_size, beam_size=3,
+                                    max_length=max_length, max_lengths=caps, num_hypotheses=2)
+        return greedy + beam
+
+    plain = tf.function(search)(state, caps)
+    compiled = tf.function(search, jit_compile=True)(state, caps)
+    for a, b in zip(plain, compiled):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        if a.dtype == tf.int32:
+            np.testing.assert_array_equal(a, b)
+        else:
+            np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+def test_batch_size_zero():
+    step_fn = TableStep(0, 5, 4)
+    state = step_fn.initial_state(0)
+    for jit_compile in (False, True):
+        ids, scores = tf.function(decoding.greedy_search, jit_compile=jit_compile)(
+            step_fn, state, batch_size=0, max_length=4)
+        assert ids.shape == (0, 4) and scores.shape == (0,)
+        ids, scores = tf.function(decoding.beam_search, jit_compile=jit_compile)(
+            step_fn, state, batch_size=0, beam_size=3, max_length=4, num_hypotheses=2)
+        assert ids.shape == (0, 2, 4) and scores.shape == (0, 2)
+
+
+def test_dynamic_batch_size_in_a_signature():
+    """As in an exported translator: the batch size is only known when the function runs."""
+    step_fn = TableStep(2, 6, 5, scale=1.0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int32)])
+    def translate(sentence):
+        batch_size = tf.shape(sentence)[0]
+        state = {"history": tf.zeros([batch_size, 5], tf.int32), "sentence": sentence}
+        return decoding.beam_search(step_fn, state, batch_size=batch_size, beam_size=2,
+                                    max_length=5)
+
+    ids, scores = translate(tf.range(3))
+    expected_ids, expected_scores = decoding.beam_search(
+        step_fn, step_fn.initial_state(3), batch_size=3, beam_size=2, max_length=5)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
+    assert translate(tf.zeros([0], tf.int32))[0].shape == (0, 1, 5)
