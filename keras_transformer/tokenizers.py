@@ -33,6 +33,7 @@ from typing import Iterable
 import sentencepiece
 import tensorflow as tf
 import tensorflow_text as text
+from tensorflow_text.python.ops.bert_tokenizer import BasicTokenizer  # not exported at top level
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
 
 from keras_transformer.config import ConfigError, DataConfig
@@ -176,7 +177,7 @@ class WordPieceTokenizer(Tokenizer):
     def normalize(self, strings):
         """string [batch] -> string [batch]: what a round trip gives back when every character is
         in the vocabulary (same word splitting and lowercasing as `tokenize`, natural spacing)."""
-        words = text.BasicTokenizer(lower_case=self.lowercase).tokenize(strings)
+        words = BasicTokenizer(lower_case=self.lowercase).tokenize(strings)  # BertTokenizer's splitter
         return self._join_words(words)
 
     @staticmethod

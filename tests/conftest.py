@@ -1,0 +1,93 @@
+"""Shared test fixtures: the local Multi30k folder, small sentence pairs, tiny trained vocabularies.
+
+Vocabularies are trained once per session (a 1,000-piece SentencePiece model in a few seconds,
+WordPiece on a 3,000-pair sample) and shared by every test file that asks for them.
+"""
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+from keras_transformer.config import DATA_ENV, REPO_ROOT, DataConfig  # noqa: E402
+
+MULTI30K_FILES = [f"{split}.{lang}.gz" for split in ("train", "val", "test_2016_flickr")
+                  for lang in ("de", "en", "fr")]
+
+SMALL_PAIRS = [
+    ("Ein Mann fährt Fahrrad.", "A man rides a bike."),
+    ("Zwei Hunde spielen im Schnee.", "Two dogs play in the snow."),
+    ("Eine Frau liest ein Buch im Park.", "A woman reads a book in the park."),
+    ("Kinder (drei) laufen über die Straße!", "Children (three) run across the street!"),
+    ("Der Mann's Hut ist rot.", "The man's hat is red."),
+]
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir() -> Path:
+    """The local raw Multi30k folder ($KERAS_TRANSFORMER_DATA or ../shared/data/multi30k)."""
+    folder = Path(os.environ.get(DATA_ENV) or REPO_ROOT.parent / "shared" / "data" / "multi30k")
+    missing = [name for name in MULTI30K_FILES if not (folder / name).is_file()]
+    if missing:
+        pytest.skip(f"Multi30k raw files not found in {folder} (missing {', '.join(missing[:3])}...); "
+                    f"set {DATA_ENV} to the folder holding them")
+    return folder
+
+
+@pytest.fixture
+def small_pairs() -> list:
+    """A handful of (German, English) sentence pairs with punctuation, umlauts and brackets."""
+    return list(SMALL_PAIRS)
+
+
+@pytest.fixture(scope="session")
+def multi30k_config(multi30k_dir):
+    """Returns a DataConfig reading the local Multi30k files (de->en) with small-vocab settings;
+    keyword arguments override fields."""
+    def make(**overrides) -> DataConfig:
+        values = dict(dataset="files", data_dir=str(multi30k_dir), source_lang="de",
+                      target_lang="en", vocab_size=1000, max_length=64, tokens_per_batch=2048)
+        values.update(overrides)
+        return DataConfig(**values)
+    return make
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_vocab(multi30k_config, tmp_path_factory):
+    """(DataConfig, vocab_dir) of a joint de+en 1,000-piece SentencePiece model on Multi30k train."""
+    from keras_transformer.data import build_vocab
+
+    config = multi30k_config(tokenizer="sentencepiece")
+    vocab_dir = tmp_path_factory.mktemp("sentencepiece_vocab")
+    build_vocab(config, vocab_dir)
+    return config, vocab_dir
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_tokenizers(sentencepiece_vocab):
+    """(source, target) SentencePiece tokenizers (one joint model: the same object twice)."""
+    from keras_transformer.tokenizers import load_tokenizers
+
+    return load_tokenizers(*sentencepiece_vocab)
+
+
+@pytest.fixture(scope="session")
+def wordpiece_vocab(multi30k_config, tmp_path_factory):
+    """(DataConfig, vocab_dir) of case-preserving de and en WordPiece vocabularies (about 1,000
+    tokens each) learned from the first 3,000 pairs of Multi30k train."""
+    from keras_transformer.data import load_pairs
+    from keras_transformer.tokenizers import build_tokenizers
+
+    config = multi30k_config(tokenizer="wordpiece")
+    vocab_dir = tmp_path_factory.mktemp("wordpiece_vocab")
+    build_tokenizers(config, load_pairs(config, "train").take(3000), vocab_dir)
+    return config, vocab_dir
+
+
+@pytest.fixture(scope="session")
+def wordpiece_tokenizers(wordpiece_vocab):
+    from keras_transformer.tokenizers import load_tokenizers
+
+    return load_tokenizers(*wordpiece_vocab)

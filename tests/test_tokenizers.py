@@ -1,0 +1,186 @@
+"""Tokenizers: exact/normalized round trips, reserved ids, tf.function, SavedModel in a fresh process."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+from keras_transformer.config import ConfigError
+from keras_transformer.data import read_parallel_lines
+from keras_transformer.tokenizers import (END_ID, PAD_ID, SERVING_TF_TEXT_OPS, START_ID, UNK_ID,
+                                          SentencePieceTokenizer, build_tokenizers,
+                                          load_tokenizers)
+
+
+def _validation_sentences(multi30k_dir, lang):
+    return [line.strip() for _, line in
+            ((n, s[lang]) for n, s in read_parallel_lines({lang: multi30k_dir / f"val.{lang}.gz"}))]
+
+
+def _decode(strings):
+    return [s.decode("utf-8") for s in strings.numpy()]
+
+
+@pytest.mark.parametrize("lang", ["de", "en", "fr"])
+def test_sentencepiece_round_trip_is_exact_on_validation(sentencepiece_tokenizers, multi30k_dir,
+                                                         lang):
+    # French is not in the de+en training text: byte fallback must still give it back exactly.
+    tokenizer, _ = sentencepiece_tokenizers
+    sentences = _validation_sentences(multi30k_dir, lang)
+    back = _decode(tokenizer.detokenize(tokenizer.tokenize(sentences)))
+    mismatches = [(s, b) for s, b in zip(sentences, back) if s != b]
+    assert len(sentences) == 1014
+    assert not mismatches, mismatches[:3]
+
+
+@pytest.mark.parametrize("side", [0, 1])
+def test_wordpiece_round_trip_equals_normalized_text(wordpiece_tokenizers, wordpiece_vocab,
+                                                     multi30k_dir, side):
+    tokenizer = wordpiece_tokenizers[side]
+    config, _ = wordpiece_vocab
+    lang = (config.source_lang, config.target_lang)[side]
+    sentences = _validation_sentences(multi30k_dir, lang)
+    ids = tokenizer.tokenize(sentences)
+    back = _decode(tokenizer.detokenize(ids))
+    expected = _decode(tokenizer.normalize(sentences))
+    has_unk = tf.reduce_any(ids == UNK_ID, axis=1).numpy()
+    mismatches = [(e, b) for e, b, unk in zip(expected, back, has_unk) if not unk and e != b]
+    assert not mismatches, mismatches[:3]
+    assert has_unk.mean() < 0.05  # characters unseen in the 3,000 training pairs are rare
+    # Natural spacing and preserved case: most sentences come back unchanged.
+    unchanged = sum(s == b for s, b in zip(sentences, back))
+    assert unchanged > 0.9 * len(sentences), unchanged
+
+
+def test_wordpiece_lowercase_option(tmp_path, small_pairs, multi30k_config):
+    config = multi30k_config(tokenizer="wordpiece", lowercase=True, vocab_size=200)
+    pairs = tf.data.Dataset.from_tensor_slices(tuple(map(list, zip(*small_pairs))))
+    source, _ = build_tokenizers(config, pairs, tmp_path)
+    ids = source.tokenize(["EIN MANN fährt", "ein mann FÄHRT"])
+    assert ids[0].numpy().tolist() == ids[1].numpy().tolist()
+    assert _decode(source.detokenize(ids)) == ["ein mann fahrt"] * 2  # accents stripped, as BERT
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece"])
+def test_reserved_ids_and_start_end(kind, sentencepiece_tokenizers, wordpiece_tokenizers,
+                                    small_pairs):
+    tokenizer = {"sentencepiece": sentencepiece_tokenizers,
+                 "wordpiece": wordpiece_tokenizers}[kind][0]
+    ids = tokenizer.tokenize([s for s, _ in small_pairs] + [""])
+    assert ids.dtype == tf.int32
+    rows = ids.to_list()
+    assert [row[0] for row in rows] == [START_ID] * 6
+    assert [row[-1] for row in rows] == [END_ID] * 6
+    assert ids[-1].numpy().tolist() == [START_ID, END_ID]  # an empty line: markers only
+    inner = ids[:, 1:-1].flat_values
+    assert tf.reduce_all((inner > END_ID) & (inner < tokenizer.vocab_size))
+    if kind == "sentencepiece":
+        vocab = [tokenizer.tokenizer.id_to_string(i).numpy() for i in range(4)]
+        assert vocab == [b"<pad>", b"<s>", b"</s>", b"<unk>"]
+
+
+def test_detokenize_drops_markers_and_cuts_at_first_end(sentencepiece_tokenizers):
+    tokenizer, _ = sentencepiece_tokenizers
+    words = tokenizer.tokenize(["A man rides a bike."])[0, 1:-1].numpy().tolist()
+    dense = tf.constant([[START_ID] + words + [END_ID] + words + [PAD_ID, PAD_ID],
+                         [START_ID] + words + [PAD_ID] * 2 + [END_ID] * (len(words) + 1)],
+                        tf.int32)
+    ragged = tf.ragged.constant([[START_ID] + words + [END_ID, 7, 8], words], tf.int32)
+    assert _decode(tokenizer.detokenize(dense)) == ["A man rides a bike."] * 2
+    assert _decode(tokenizer.detokenize(ragged)) == ["A man rides a bike."] * 2
+
+
+def test_tokenizers_run_inside_tf_function(sentencepiece_tokenizers, wordpiece_tokenizers,
+                                           small_pairs):
+    sentences = tf.constant([s for s, _ in small_pairs])
+    for tokenizer in (sentencepiece_tokenizers[0], wordpiece_tokenizers[0]):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def round_trip(strings, tokenizer=tokenizer):
+            ids = tokenizer.tokenize(strings).to_tensor()  # [batch, len], PAD = 0
+            return ids, tokenizer.detokenize(ids)
+
+        ids, back = round_trip(sentences)
+        assert ids.numpy().tolist() == tokenizer.tokenize(sentences).to_tensor().numpy().tolist()
+        assert _decode(back) == _decode(tokenizer.detokenize(ids))
+
+
+_RELOAD_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the tf-text ops before loading)
+    module = tf.saved_model.load(sys.argv[1])
+    sentences = json.loads(sys.argv[2])
+    out = {}
+    for name in ("sentencepiece", "wordpiece"):
+        tokenizer = getattr(module, name)
+        ids = tokenizer.tokenize(tf.constant(sentences))
+        out[name] = {"ids": ids.to_list(),
+                     "text": [s.decode() for s in tokenizer.detokenize(ids.to_tensor()).numpy()]}
+    print("RESULT" + json.dumps(out))
+""")
+
+
+def _graph_op_types(export_dir):
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((export_dir / "saved_model.pb").read_bytes())
+    graph = proto.meta_graphs[0].graph_def
+    ops = {node.op for node in graph.node}
+    for function in graph.library.function:
+        ops.update(node.op for node in function.node_def)
+    return ops
+
+
+def test_saved_model_reloads_in_fresh_process(sentencepiece_tokenizers, wordpiece_tokenizers,
+                                              sentencepiece_vocab, small_pairs, tmp_path):
+    module = tf.Module()
+    module.sentencepiece = sentencepiece_tokenizers[0]
+    module.wordpiece = wordpiece_tokenizers[1]
+    export_dir = tmp_path / "tokenizers"
+    tf.saved_model.save(module, str(export_dir))
+    # The vocabulary files travel with the SavedModel, so the original folder can go away.
+    assets = {p.name for p in (export_dir / "assets").iterdir()}
+    assert {"sentencepiece.model", "wordpiece.en.vocab"} <= assets
+
+    custom_ops = _graph_op_types(export_dir) - set(dir(tf.raw_ops))
+    assert custom_ops and custom_ops <= SERVING_TF_TEXT_OPS, custom_ops - SERVING_TF_TEXT_OPS
+
+    sentences = [t for _, t in small_pairs]
+    result = subprocess.run(
+        [sys.executable, "-c", _RELOAD_SCRIPT, str(export_dir), json.dumps(sentences)],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    reloaded = json.loads(result.stdout.split("RESULT", 1)[1])
+    for name, tokenizer in (("sentencepiece", module.sentencepiece),
+                            ("wordpiece", module.wordpiece)):
+        assert reloaded[name]["ids"] == tokenizer.tokenize(sentences).to_list()
+        assert reloaded[name]["text"] == _decode(tokenizer.detokenize(
+            tokenizer.tokenize(sentences).to_tensor()))
+    assert reloaded["sentencepiece"]["text"] == sentences
+
+
+def test_load_tokenizers_refuses_other_settings(sentencepiece_vocab, tmp_path):
+    config, vocab_dir = sentencepiece_vocab
+    with pytest.raises(ConfigError, match=r"vocab_size: built with 1000, config has 2000"):
+        load_tokenizers(type(config)(**{**vars(config), "vocab_size": 2000}), vocab_dir)
+    with pytest.raises(ConfigError, match=r"build-vocab"):
+        load_tokenizers(config, tmp_path)
+
+
+def test_sentencepiece_lowercase_is_rejected(multi30k_config, tmp_path):
+    with pytest.raises(ConfigError, match="lowercase"):
+        build_tokenizers(multi30k_config(lowercase=True), tf.data.Dataset.range(0), tmp_path)
+
+
+def test_model_with_other_reserved_ids_is_rejected(tmp_path, small_pairs):
+    import sentencepiece
+
+    sentences = [s for pair in small_pairs for s in pair] * 20
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_prefix=str(tmp_path / "default"),
+        vocab_size=60, hard_vocab_limit=False, minloglevel=2)  # unk=0, bos=1, eos=2, no pad
+    with pytest.raises(ValueError, match=r"default.model.*pad/bos/eos/unk ids \(-1, 1, 2, 0\)"):
+        SentencePieceTokenizer(tmp_path / "default.model")
