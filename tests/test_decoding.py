@@ -343,6 +343,26 @@ def test_beam_n_best_beyond_possible_sequences_are_empty():
     np.testing.assert_array_equal(ids[:, 3], [[0], [0]])
 
 
+def test_step_function_may_capture_tiled_invariants():
+    """Capturing `tile_beams(sentence)` equals carrying `sentence` in the reordered state."""
+    vocab_size, max_length, batch_size, beam_size = 6, 5, 3, 3
+    step_fn = TableStep(4, vocab_size, max_length, scale=1.0)
+    state = step_fn.initial_state(batch_size)
+    sentence = decoding.tile_beams(state["sentence"], beam_size)  # [batch * beam]
+
+    def captured_step(ids, step, state):
+        logits, state = step_fn(ids, step, {"history": state["history"], "sentence": sentence})
+        return logits, {"history": state["history"]}
+
+    search = tf.function(decoding.beam_search)
+    kwargs = dict(batch_size=batch_size, beam_size=beam_size, max_length=max_length,
+                  num_hypotheses=beam_size)
+    expected_ids, expected_scores = search(step_fn, state, **kwargs)
+    ids, scores = search(captured_step, {"history": state["history"]}, **kwargs)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_array_equal(scores, expected_scores)
+
+
 def test_beam_argument_checks():
     with pytest.raises(ValueError, match="num_hypotheses"):
         decoding.beam_search(None, {}, batch_size=1, beam_size=2, max_length=3, num_hypotheses=3)
