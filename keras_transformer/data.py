@@ -126,11 +126,13 @@ def split_files(data_dir: str | os.PathLike, split: str, langs: tuple[str, ...])
     data_dir = Path(data_dir)
     tried = []
     for stem in (split, *SPLIT_ALIASES.get(split, ())):
-        for suffix in ("", ".gz"):
-            candidates = {lang: data_dir / f"{stem}.{lang}{suffix}" for lang in langs}
-            if all(p.is_file() for p in candidates.values()):
-                return candidates
-            tried.extend(str(p) for p in candidates.values())
+        found = {}
+        for lang in langs:
+            candidates = [data_dir / f"{stem}.{lang}{suffix}" for suffix in ("", ".gz")]
+            found.update({lang: p for p in reversed(candidates) if p.is_file()})
+            tried.extend(str(p) for p in candidates)
+        if len(found) == len(langs):
+            return found
     raise DataError(f"no files for split {split!r} in {data_dir}: tried {', '.join(tried)}")
 
 

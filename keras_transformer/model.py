@@ -35,8 +35,9 @@ class Transformer(keras.Model):
         >>> model = Transformer(ModelConfig.from_preset("tiny"))
         >>> logits = model((source_ids, target_in_ids))
 
-    Decoding uses `encode` once per batch, then `init_cache` and `decode_step` once per token:
-    `decode_step(ids, step, state)` is the `symbols_to_logits_fn` of `keras_transformer.decoding`.
+    Decoding calls `encode`, `precompute_context` and `init_cache` once per batch, then
+    `decode_step` once per token: `lambda ids, step, state: model.decode_step(ids, step, state,
+    context)` is the `symbols_to_logits_fn` of `keras_transformer.decoding`.
     """
 
     def __init__(self, config: ModelConfig | dict, **kwargs):
@@ -93,36 +94,45 @@ class Transformer(keras.Model):
         x = self.decoder(x, context, context_mask=source_mask, training=training)
         return self._logits(x)
 
+    def cross_attention_scores(self, source_ids, target_in_ids):
+        """The last decoder layer's attention weights over the source,
+        `[batch, heads, target_len, source_len]` (for visualization)."""
+        context, source_mask = self.encode(source_ids)
+        x = self.target_embedding(target_in_ids)
+        return self.decoder.cross_attention_scores(x, context, source_mask)
+
     def _logits(self, x):
         logits = self.final_layer(x) if self.final_layer is not None else (
             self.target_embedding.project(x))
         return ops.cast(logits, "float32")
 
-    def init_cache(self, context, source_mask, max_length: int) -> dict:
-        """The decoding state for up to `max_length` target positions.
+    def precompute_context(self, context, source_mask) -> dict:
+        """What every decoding step reads but never changes, computed once per batch:
+        `{"source_mask": bool [batch, source_len], "layers": [per layer {"key", "value"}
+        [batch, source_len, heads, head_dim]]}` (the cross-attention keys and values)."""
+        return {"source_mask": source_mask, "layers": self.decoder.precompute_context(context)}
 
-        Every tensor has the batch as leading dimension, so beam search can tile and reorder it:
-        `{"source_mask": bool [batch, source_len], "layers": [per-layer dict of
-        self_key/self_value [batch, max_length, heads, head_dim] and cross_key/cross_value
-        [batch, source_len, heads, head_dim]]}`.
-        """
-        return {"source_mask": source_mask,
-                "layers": self.decoder.init_cache(context, max_length)}
+    def init_cache(self, batch_size, max_length) -> list:
+        """The decoding state: per layer, self-attention `{"key", "value"}` caches of zeros
+        `[batch, max_length, heads, head_dim]`. Every tensor has the batch as leading dimension,
+        so that beam search can tile and reorder it."""
+        return self.decoder.init_cache(batch_size, max_length, self.compute_dtype)
 
-    def decode_step(self, ids, step, state):
+    def decode_step(self, ids, step, state, context):
         """One cached decoding step.
 
         Args:
             ids: int32 `[batch]`, the tokens at position `step` (START at step 0).
             step: int32 scalar.
             state: from `init_cache` or the previous step.
+            context: from `precompute_context` (tiled to the beams for beam search).
 
         Returns:
             `(logits float32 [batch, target_vocab_size], state)`: logits for position step + 1.
         """
         x = self.target_embedding(ids[:, None], start_position=step, training=False)
-        x, layers = self.decoder.step(x, step, state["layers"], state["source_mask"])
-        return self._logits(x[:, 0]), dict(state, layers=layers)
+        x, state = self.decoder.step(x, step, state, context["layers"], context["source_mask"])
+        return self._logits(x[:, 0]), state
 
     def get_config(self):
         return {**super().get_config(), "config": dataclasses.asdict(self.config)}

@@ -42,6 +42,7 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
                         "French (raw text, not tokenized).",
             features=tfds.features.Translation(languages=LANGUAGES),
             supervised_keys=("de", "en"),
+            disable_shuffling=True,  # keep file order: example i is line i (references stay aligned)
             homepage="https://github.com/multi30k/dataset",
             citation="Elliott, Frank, Sima'an, Specia. Multi30K: Multilingual English-German "
                      "Image Descriptions. Workshop on Vision and Language, 2016.",

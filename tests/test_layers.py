@@ -105,10 +105,12 @@ def test_decoder_cached_steps_equal_full_pass(norm):
     context_mask = np.array([[True] * SRC_LEN, [True] * 4 + [False] * 3])
     full = decoder(x, context, context_mask=context_mask).numpy()
 
-    caches = decoder.init_cache(tf.constant(context), max_length=TGT_LEN + 3)
+    contexts = decoder.precompute_context(tf.constant(context))
+    caches = decoder.init_cache(BATCH, TGT_LEN + 3, "float32")
     steps = []
     for t in range(TGT_LEN):
-        y, caches = decoder.step(tf.constant(x[:, t:t + 1]), tf.constant(t), caches, context_mask)
+        y, caches = decoder.step(tf.constant(x[:, t:t + 1]), tf.constant(t), caches, contexts,
+                                 context_mask)
         steps.append(y.numpy()[:, 0])
     np.testing.assert_allclose(np.stack(steps, axis=1), full, atol=1e-5)
 

@@ -126,10 +126,11 @@ def test_cached_decode_steps_equal_teacher_forcing(model):
     source, target = random_batch(seed=3)
     full = model((source, target)).numpy()
     context, mask = model.encode(source)
-    state = model.init_cache(context, mask, max_length=12)
+    memory = model.precompute_context(context, mask)
+    state = model.init_cache(3, max_length=12)
     step_fn = tf.function(model.decode_step)
     for t in range(target.shape[1]):
-        logits, state = step_fn(tf.constant(target[:, t]), tf.constant(t), state)
+        logits, state = step_fn(tf.constant(target[:, t]), tf.constant(t), state, memory)
         real = target[:, t] != 0
         np.testing.assert_allclose(logits.numpy()[real], full[real, t], atol=1e-4)
 
@@ -144,3 +145,11 @@ def test_mixed_bfloat16_keeps_float32_logits():
         assert np.isfinite(logits.numpy()).all()
     finally:
         keras.config.set_dtype_policy("float32")
+
+
+def test_cross_attention_scores_are_distributions_over_real_source_tokens(model):
+    source, target = random_batch(seed=4)
+    scores = model.cross_attention_scores(source, target).numpy()
+    assert scores.shape == (3, model.config.num_heads, 7, 9)
+    np.testing.assert_allclose(scores.sum(-1), 1.0, rtol=1e-5)
+    assert np.all(scores[1, :, :, 6:] < 1e-6)  # sentence 1 is padded from position 6

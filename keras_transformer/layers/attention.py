@@ -167,6 +167,14 @@ class CrossAttention(BaseAttention):
             x, lambda h: self.mha(h, context, attention_mask=attention_mask, training=training),
             training)
 
+    def attention_scores(self, x, context, context_mask=None):
+        """Attention weights `[batch, heads, target_len, source_len]` (for inspection)."""
+        query = self.layernorm(x) if self.norm == "pre" else x
+        attention_mask = None if context_mask is None else context_mask[:, None, :]
+        _, scores = self.mha(query, context, attention_mask=attention_mask,
+                             return_attention_scores=True)
+        return scores
+
     def step(self, x, key, value, context_mask):
         """Cross-attention of one decoder position to precomputed encoder keys/values.
 

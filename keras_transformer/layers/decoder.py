@@ -46,27 +46,41 @@ class DecoderLayer(keras.layers.Layer):
         x = self.cross_attention(x, context, context_mask=context_mask, training=training)
         return self.ffn(x, training=training)
 
-    def init_cache(self, context, max_length):
-        """The layer's decoding cache for `max_length` target positions.
+    def cross_attention_scores(self, x, context, context_mask=None):
+        """The cross-attention weights `[batch, heads, target_len, source_len]` of this layer."""
+        x = self.causal_self_attention(x)
+        return self.cross_attention.attention_scores(x, context, context_mask)
 
-        Returns a dict of `self_key`/`self_value` zeros `[batch, max_length, heads, head_dim]`
-        and `cross_key`/`cross_value` `[batch, source_len, heads, head_dim]`, the encoder
-        output's projections, computed once per sentence.
+    def precompute_context(self, context):
+        """The cross-attention keys and values of the encoder output, computed once per batch:
+        `{"key", "value"}`, each `[batch, source_len, heads, head_dim]`."""
+        key, value = self.cross_attention.mha.project_key_value(context)
+        return {"key": key, "value": value}
+
+    def init_cache(self, batch_size, max_length, dtype):
+        """Zero self-attention caches `{"key", "value"}`, each `[batch, max_length, heads,
+        head_dim]`, written one position per decoding step."""
+        shape = [batch_size, max_length, self.num_heads, self.d_model // self.num_heads]
+        zeros = tf.zeros(shape, dtype=dtype)
+        return {"key": zeros, "value": zeros}
+
+    def step(self, x, index, cache, context, context_mask):
+        """Decodes position `index`.
+
+        Args:
+            x: `[batch, 1, d_model]`.
+            index: int32 scalar.
+            cache: this layer's self-attention cache (`init_cache`), filled below `index`.
+            context: this layer's `precompute_context`.
+            context_mask: bool `[batch, source_len]`.
+
+        Returns:
+            `([batch, 1, d_model], cache)` with position `index` written into the cache.
         """
-        cross_key, cross_value = self.cross_attention.mha.project_key_value(context)
-        batch = tf.shape(context)[0]
-        shape = [batch, max_length, self.num_heads, self.d_model // self.num_heads]
-        zeros = tf.zeros(shape, dtype=cross_key.dtype)
-        return {"self_key": zeros, "self_value": zeros,
-                "cross_key": cross_key, "cross_value": cross_value}
-
-    def step(self, x, index, cache, context_mask):
-        """Decodes position `index`: `x` `[batch, 1, d_model]` -> `([batch, 1, d_model], cache)`."""
-        x, self_key, self_value = self.causal_self_attention.step(
-            x, cache["self_key"], cache["self_value"], index)
-        x = self.cross_attention.step(x, cache["cross_key"], cache["cross_value"], context_mask)
+        x, key, value = self.causal_self_attention.step(x, cache["key"], cache["value"], index)
+        x = self.cross_attention.step(x, context["key"], context["value"], context_mask)
         x = self.ffn(x, training=False)
-        return x, dict(cache, self_key=self_key, self_value=self_value)
+        return x, {"key": key, "value": value}
 
     def compute_output_shape(self, x_shape, *args, **kwargs):
         return x_shape
@@ -124,15 +138,25 @@ class Decoder(keras.layers.Layer):
             x = layer(x, context, context_mask=context_mask, training=training)
         return self._finish(x)
 
-    def init_cache(self, context, max_length):
-        """One cache dict per layer (see `DecoderLayer.init_cache`), as a list."""
-        return [layer.init_cache(context, max_length) for layer in self.decoder_layers]
+    def cross_attention_scores(self, x, context, context_mask=None):
+        """The last layer's cross-attention weights `[batch, heads, target_len, source_len]`."""
+        for layer in self.decoder_layers[:-1]:
+            x = layer(x, context, context_mask=context_mask)
+        return self.decoder_layers[-1].cross_attention_scores(x, context, context_mask)
 
-    def step(self, x, index, caches, context_mask):
+    def precompute_context(self, context):
+        """Per layer, the cross-attention keys/values of `context` (see `DecoderLayer`)."""
+        return [layer.precompute_context(context) for layer in self.decoder_layers]
+
+    def init_cache(self, batch_size, max_length, dtype):
+        """Per layer, zero self-attention caches (see `DecoderLayer.init_cache`)."""
+        return [layer.init_cache(batch_size, max_length, dtype) for layer in self.decoder_layers]
+
+    def step(self, x, index, caches, contexts, context_mask):
         """Decodes position `index`: `x` `[batch, 1, d_model]` -> `([batch, 1, d_model], caches)`."""
         new_caches = []
-        for layer, cache in zip(self.decoder_layers, caches):
-            x, cache = layer.step(x, index, cache, context_mask)
+        for layer, cache, context in zip(self.decoder_layers, caches, contexts):
+            x, cache = layer.step(x, index, cache, context, context_mask)
             new_caches.append(cache)
         return self._finish(x), new_caches
 

@@ -1,0 +1,131 @@
+"""Batch translation of text and scoring with sacreBLEU and chrF; validation BLEU in training."""
+
+from __future__ import annotations
+
+import io
+from typing import Callable, Sequence
+
+import keras
+import numpy as np
+import sacrebleu
+import tensorflow as tf
+
+TranslateFn = Callable[[tf.Tensor], dict]  # string [batch] -> {"translation": string [batch], ...}
+
+
+def translate_texts(translate: TranslateFn, sentences: Sequence[str], *,
+                    batch_size: int = 64, progress: Callable[[int], None] | None = None
+                    ) -> list[str]:
+    """Translates `sentences` in batches of similar length; returns them in input order.
+
+    Sorting by length keeps padding, and wasted decoder steps, small. `translate` is a Translator
+    signature (`translate_greedy`, `translate_beam`, or a loaded SavedModel's function).
+    """
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i].split()))
+    results: list[str] = [""] * len(sentences)
+    for start in range(0, len(order), batch_size):
+        indices = order[start:start + batch_size]
+        batch = tf.constant([sentences[i] for i in indices], tf.string)
+        outputs = translate(batch)["translation"].numpy()
+        for index, text in zip(indices, outputs):
+            results[index] = text.decode("utf-8")
+        if progress is not None:
+            progress(len(indices))
+    return results
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
+    """sacreBLEU (13a tokenization, detokenized input) and chrF, cased and lowercased.
+
+    Returns {"bleu", "bleu_lowercase", "chrf", "chrf_lowercase"} and their signatures.
+    """
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+    result = {}
+    for suffix, lowercase in (("", False), ("_lowercase", True)):
+        bleu = sacrebleu.metrics.BLEU(lowercase=lowercase)
+        chrf = sacrebleu.metrics.CHRF(lowercase=lowercase)
+        result[f"bleu{suffix}"] = bleu.corpus_score(hypotheses, [references]).score
+        result[f"chrf{suffix}"] = chrf.corpus_score(hypotheses, [references]).score
+        result[f"bleu{suffix}_signature"] = str(bleu.get_signature())
+        result[f"chrf{suffix}_signature"] = str(chrf.get_signature())
+    return result
+
+
+class ValidationBleu(keras.callbacks.Callback):
+    """Greedy-decodes validation sentences after each epoch and adds `val_bleu` and `val_chrf`
+    (sacreBLEU on detokenized, cased text) to the epoch logs; writes a few translations as a
+    TensorBoard text summary and a cross-attention heat map as an image summary.
+
+    Args:
+        pairs: a dataset of (source, reference) strings.
+        source_tokenizer, target_tokenizer: the run's tokenizers.
+        config: the run's `ExperimentConfig` (decode settings).
+        log_dir: TensorBoard folder for the text and image summaries.
+        examples: how many translations to show in TensorBoard.
+    """
+
+    def __init__(self, pairs: tf.data.Dataset, source_tokenizer, target_tokenizer, config,
+                 log_dir, examples: int = 5, batch_size: int = 100):
+        super().__init__()
+        rows = list(pairs.as_numpy_iterator())
+        self.sources = [s.decode("utf-8") for s, _ in rows]
+        self.references = [t.decode("utf-8") for _, t in rows]
+        self.source_tokenizer = source_tokenizer
+        self.target_tokenizer = target_tokenizer
+        self.decode_config = config.decode
+        self.log_dir = str(log_dir)
+        self.examples = examples
+        self.batch_size = batch_size
+        self._writer = None
+        self._translator = None
+
+    def on_train_begin(self, logs=None):
+        from keras_transformer.translator import Translator
+
+        # Built once, so its tf.function traces once for the whole run.
+        self._translator = Translator(self.model, self.source_tokenizer, self.target_tokenizer,
+                                      self.decode_config)
+
+    def on_epoch_end(self, epoch, logs=None):
+        hypotheses = translate_texts(self._translator.translate_greedy, self.sources,
+                                     batch_size=self.batch_size)
+        scores = score(hypotheses, self.references)
+        if logs is not None:
+            logs["val_bleu"] = scores["bleu"]
+            logs["val_chrf"] = scores["chrf"]
+        self._write_summaries(epoch, hypotheses)
+
+    def _write_summaries(self, epoch, hypotheses):
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        rows = ["| source | reference | translation |", "|---|---|---|"]
+        for source, reference, hypothesis in list(zip(self.sources, self.references,
+                                                      hypotheses))[:self.examples]:
+            rows.append(f"| {source} | {reference} | {hypothesis} |")
+        with self._writer.as_default(step=epoch):
+            tf.summary.text("translations", "\n".join(rows))
+            if self.sources:
+                tf.summary.image("cross_attention", self._attention_image(
+                    self.sources[0], hypotheses[0])[None])
+        self._writer.flush()
+
+    def _attention_image(self, source: str, translation: str) -> np.ndarray:
+        """Last decoder layer's cross-attention (mean over heads) for one pair, as an RGB image
+        `[target_len, source_len, 3]` scaled up for visibility."""
+        limit = self.model.config.max_length  # a bad translation re-tokenizes longer
+        source_ids = self.source_tokenizer.tokenize(tf.constant([source])).to_tensor()
+        target_ids = self.target_tokenizer.tokenize(tf.constant([translation])).to_tensor()
+        weights = self.model.cross_attention_scores(source_ids[:, :limit],
+                                                    target_ids[:, :-1][:, :limit])
+        heat = tf.reduce_mean(weights[0], axis=0)  # [target_len, source_len]
+        heat = heat / tf.maximum(tf.reduce_max(heat), 1e-9)
+        scale = 8
+        heat = tf.repeat(tf.repeat(heat, scale, axis=0), scale, axis=1)
+        return tf.stack([heat, heat * 0.5, 1.0 - heat], axis=-1)
+
+
+def write_lines(path, lines: Sequence[str]) -> None:
+    with io.open(path, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(line.replace("\n", " ") + "\n")

@@ -1,0 +1,334 @@
+"""The training runner: strategy, precision, data, callbacks and `model.fit` from one config.
+
+    history = keras_transformer.train(ExperimentConfig.from_yaml("experiments/NAME.yaml"),
+                                      "runs/NAME")
+
+A run folder holds everything the run made and needs to resume:
+
+    runs/NAME/config.yaml              the resolved config (vocabulary sizes filled in)
+    runs/NAME/vocab/                   tokenizer files (unless data.vocab_dir points elsewhere)
+    runs/NAME/checkpoints/epoch_NNN.weights.h5   weights after every epoch (for averaging)
+    runs/NAME/last.weights.h5, best.weights.h5   last epoch, best epoch by validation BLEU
+    runs/NAME/backup/                  BackupAndRestore state (preemption-safe resume)
+    runs/NAME/logs/{train,validation}  TensorBoard event files
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from keras_transformer import data as data_lib
+from keras_transformer.config import ConfigError, ExperimentConfig
+from keras_transformer.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
+from keras_transformer.model import PAD_ID, Transformer
+from keras_transformer.schedules import create_optimizer
+from keras_transformer.tokenizers import Tokenizer, build_tokenizers, load_tokenizers
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.yaml"
+CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_PATTERN = "epoch_{epoch:03d}.weights.h5"
+
+
+# ----------------------------------------------------------------------------- strategy
+
+def split_cpu(count: int) -> None:
+    """Splits the CPU into `count` logical devices, so that MirroredStrategy can run `count`
+    replicas on a machine without accelerators (for testing). Must run before TF's first op."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current is not None and len(current) == count:
+        return
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+    except RuntimeError as error:
+        raise ConfigError(f"cannot split the CPU into {count} logical devices after TensorFlow "
+                          f"has started ({error}); do it first thing in the process") from error
+
+
+def _cluster_workers() -> int:
+    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+
+
+def make_strategy(name: str) -> tf.distribute.Strategy:
+    """The distribution strategy named by `train.strategy`.
+
+    auto: MultiWorkerMirroredStrategy when TF_CONFIG names several workers, else
+    MirroredStrategy over the local GPUs, or over the logical CPU devices without GPUs.
+    """
+    if name == "auto":
+        name = "multi_worker" if _cluster_workers() > 1 else "mirrored"
+    if name == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if name == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    gpus = tf.config.list_logical_devices("GPU")
+    devices = [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy(devices[0])
+    return tf.distribute.MirroredStrategy(devices)
+
+
+# ----------------------------------------------------------------------------- run folder
+
+def prepare_run_dir(config: ExperimentConfig, output_dir: str | os.PathLike) -> Path:
+    """Creates the run folder, or checks that it holds this same run (to resume).
+
+    Raises ConfigError, and writes nothing, if the folder holds another run's config.
+    """
+    output_dir = Path(output_dir)
+    saved = output_dir / CONFIG_FILE
+    if saved.exists():
+        previous = ExperimentConfig.from_yaml(saved)
+        if _comparable(previous) != _comparable(config):
+            changed = sorted(_diff(_comparable(previous), _comparable(config)))
+            raise ConfigError(f"{output_dir} holds another run's config (differs in "
+                              f"{', '.join(changed)}); choose a new --output or delete it")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    return output_dir
+
+
+def _comparable(config: ExperimentConfig) -> dict:
+    """The config without what training fills in (vocabulary sizes) or may extend (epochs)."""
+    values = config.to_dict()
+    for key in ("source_vocab_size", "target_vocab_size"):
+        values["model"].pop(key)
+    values["train"].pop("epochs")
+    return values
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
+    keys = set(a) | set(b)
+    out = []
+    for key in keys:
+        name = f"{prefix}{key}"
+        if isinstance(a.get(key), dict) and isinstance(b.get(key), dict):
+            out += _diff(a[key], b[key], f"{name}.")
+        elif a.get(key) != b.get(key):
+            out.append(name)
+    return out
+
+
+def prepare_tokenizers(config: ExperimentConfig, run_dir: Path) -> tuple[Tokenizer, Tokenizer]:
+    """Loads the run's vocabularies, learning them from the training split the first time."""
+    vocab_dir = Path(config.data.vocab_dir or run_dir / "vocab")
+    if (vocab_dir / "tokenizer.json").exists():
+        return load_tokenizers(config.data, vocab_dir)
+    pairs = data_lib.load_pairs(config.data, config.data.train_split)
+    return build_tokenizers(config.data, pairs, vocab_dir)
+
+
+def with_vocab_sizes(config: ExperimentConfig, source: Tokenizer,
+                     target: Tokenizer) -> ExperimentConfig:
+    model = dataclasses.replace(config.model, source_vocab_size=source.vocab_size,
+                                target_vocab_size=target.vocab_size)
+    return dataclasses.replace(config, model=model)
+
+
+# ----------------------------------------------------------------------------- model
+
+def build_model(config: ExperimentConfig) -> Transformer:
+    """The compiled model of `config`: the paper's Adam and schedule, label-smoothed loss.
+
+    Call inside `strategy.scope()` and under the run's dtype policy.
+    """
+    model = Transformer(config.model)
+    model.build()
+    model.compile(
+        optimizer=create_optimizer(config.model, config.train),
+        loss=MaskedLabelSmoothedCrossEntropy(label_smoothing=config.train.label_smoothing),
+        metrics=[MaskedAccuracy(), TargetTokens()],
+        jit_compile=config.train.jit_compile,
+    )
+    return model
+
+
+@keras.saving.register_keras_serializable(package="keras_transformer")
+class TargetTokens(keras.metrics.Metric):
+    """Non-padding target tokens seen in the epoch (summed over replicas): the numerator of
+    tokens per second."""
+
+    def __init__(self, name="target_tokens", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.tokens = self.add_variable(shape=(), initializer="zeros", name="tokens")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.tokens.assign_add(tf.reduce_sum(tf.cast(tf.not_equal(y_true, PAD_ID), "float32")))
+
+    def result(self):
+        # A copy: returning the variable itself lets validation overwrite the training logs.
+        return tf.identity(self.tokens.value)
+
+    def reset_state(self):
+        self.tokens.assign(0.0)
+
+
+# ----------------------------------------------------------------------------- callbacks
+
+class TokensPerSecond(keras.callbacks.Callback):
+    """Adds `tokens_per_second` (target tokens of the training epoch / its wall time)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and "target_tokens" in logs:
+            logs["tokens_per_second"] = logs["target_tokens"] / (time.perf_counter() - self._start)
+
+
+class ResumeLogger(keras.callbacks.Callback):
+    """Logs where training starts: epoch and optimizer step (non-zero after a resume)."""
+
+    def on_train_begin(self, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        epoch = getattr(self.model, "_initial_epoch", None) or 0
+        message = (f"resuming at epoch {epoch + 1}, optimizer step {step}" if step
+                   else "starting from scratch")
+        logger.info(message)
+        print(f"keras-transformer train: {message}", flush=True)
+
+
+def default_callbacks(config: ExperimentConfig, run_dir: Path, validation_callback=None):
+    """Callbacks in the order they must see each epoch's logs: validation BLEU first, so that
+    checkpoints, early stopping and TensorBoard find `val_bleu`."""
+    checkpoints = run_dir / CHECKPOINT_DIR
+    checkpoints.mkdir(exist_ok=True)
+    callbacks = [keras.callbacks.BackupAndRestore(str(run_dir / "backup")), ResumeLogger(),
+                 TokensPerSecond(), keras.callbacks.TerminateOnNaN()]
+    if validation_callback is not None:
+        callbacks.append(validation_callback)
+    callbacks += [
+        keras.callbacks.ModelCheckpoint(str(checkpoints / CHECKPOINT_PATTERN),
+                                        save_weights_only=True),
+        keras.callbacks.ModelCheckpoint(str(run_dir / "last.weights.h5"), save_weights_only=True),
+    ]
+    if validation_callback is not None:
+        callbacks.append(keras.callbacks.ModelCheckpoint(
+            str(run_dir / "best.weights.h5"), save_weights_only=True, monitor="val_bleu",
+            mode="max", save_best_only=True))
+        if config.train.early_stopping_patience:
+            callbacks.append(keras.callbacks.EarlyStopping(
+                monitor="val_bleu", mode="max", patience=config.train.early_stopping_patience))
+    callbacks.append(keras.callbacks.TensorBoard(str(run_dir / "logs"), update_freq="epoch"))
+    return callbacks
+
+
+# ----------------------------------------------------------------------------- train
+
+def train(config: ExperimentConfig, output_dir: str | os.PathLike,
+          verbose: str | int = "auto") -> keras.callbacks.History:
+    """Trains `config` into `output_dir` with `model.fit`; resumes if the folder holds this run.
+
+    Returns the Keras History. The resolved config is saved as `output_dir/config.yaml`.
+    `verbose` is `model.fit`'s: 1 a progress bar, 2 one line per epoch.
+    """
+    run_dir = prepare_run_dir(config, output_dir)
+    keras.utils.set_random_seed(config.train.seed)
+    strategy = make_strategy(config.train.strategy)
+    replicas = strategy.num_replicas_in_sync
+
+    source_tokenizer, target_tokenizer = prepare_tokenizers(config, run_dir)
+    config = with_vocab_sizes(config, source_tokenizer, target_tokenizer)
+    config.to_yaml(run_dir / CONFIG_FILE)
+
+    train_pairs = data_lib.load_pairs(config.data, config.data.train_split)
+    train_batches = data_lib.make_batches(train_pairs, source_tokenizer, target_tokenizer,
+                                          config.data, training=True, num_replicas=replicas)
+    if config.train.steps_per_epoch:
+        train_batches = train_batches.repeat()
+    validation_pairs = data_lib.load_pairs(config.data, config.data.validation_split)
+    validation_batches = data_lib.make_batches(validation_pairs, source_tokenizer,
+                                               target_tokenizer, config.data, training=False,
+                                               num_replicas=replicas)
+
+    previous_policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(config.train.precision)
+    try:
+        with strategy.scope():
+            model = build_model(config)
+        validation_callback = None
+        if config.train.validation_bleu_sentences:
+            from keras_transformer.evaluation import ValidationBleu
+
+            validation_callback = ValidationBleu(
+                validation_pairs.take(config.train.validation_bleu_sentences),
+                source_tokenizer, target_tokenizer, config, run_dir / "logs" / "validation")
+        logger.info("training %s on %d replica(s), %s", config.name, replicas,
+                    config.train.precision)
+        return model.fit(
+            train_batches,
+            validation_data=validation_batches,
+            epochs=config.train.epochs,
+            steps_per_epoch=config.train.steps_per_epoch,
+            callbacks=default_callbacks(config, run_dir, validation_callback),
+            verbose=verbose,
+        )
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+
+
+# ----------------------------------------------------------------------------- averaging
+
+def load_run_config(run_dir: str | os.PathLike) -> ExperimentConfig:
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} is not a training run ({CONFIG_FILE} not found)")
+    return ExperimentConfig.from_yaml(path)
+
+
+def epoch_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """The run's per-epoch weight files, oldest first."""
+    return sorted((Path(run_dir) / CHECKPOINT_DIR).glob("epoch_*.weights.h5"))
+
+
+def average_checkpoints(run_dir: str | os.PathLike, last: int,
+                        output: str | os.PathLike | None = None) -> Path:
+    """Writes the elementwise mean of the weights of the last `last` epochs (section 6.1: the
+    paper averaged the last 5 or 20 checkpoints). Returns the written file's path."""
+    run_dir = Path(run_dir)
+    config = load_run_config(run_dir)
+    paths = epoch_checkpoints(run_dir)
+    if last < 1 or len(paths) < last:
+        raise ConfigError(f"cannot average the last {last} checkpoints: {run_dir / CHECKPOINT_DIR}"
+                          f" holds {len(paths)}")
+    model = Transformer(config.model)
+    model.build()
+    total = None
+    for path in paths[-last:]:
+        model.load_weights(path)
+        weights = model.get_weights()
+        total = weights if total is None else [t + w for t, w in zip(total, weights)]
+    model.set_weights([(t / last).astype(w.dtype) for t, w in zip(total, model.get_weights())])
+    output = Path(output or run_dir / f"average_last{last}.weights.h5")
+    model.save_weights(output)
+    return output
+
+
+def load_trained_model(run_dir: str | os.PathLike, weights: str = "best") -> Transformer:
+    """The run's model (never compiled) with `best`, `last`, or a weight file's path."""
+    run_dir = Path(run_dir)
+    config = load_run_config(run_dir)
+    path = Path(weights) if weights not in ("best", "last") else run_dir / f"{weights}.weights.h5"
+    if weights == "best" and not path.exists():
+        path = run_dir / "last.weights.h5"
+    if not path.exists():
+        raise ConfigError(f"no weights at {path}")
+    model = Transformer(config.model)
+    model.build()
+    model.load_weights(path)
+    return model
+
