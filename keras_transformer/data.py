@@ -22,6 +22,7 @@ Policies (nothing is lost silently: `pair_stats` counts every pair as kept or dr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import logging
 import math
@@ -313,36 +314,65 @@ def _filtered_examples(pairs, source_tokenizer, target_tokenizer, data_config):
             .map(_shift_target, num_parallel_calls=AUTOTUNE))
 
 
+# Buckets are 2-D: (source bucket, target bucket), each the length rounded up to a multiple of
+# `bucket_step`, so neither side is padded up to the other's length (German sources run longer
+# than English targets). Key = source_bucket * _KEY_BASE + target_bucket, buckets counted from 1.
+_KEY_BASE = 1 << 16
+
+
+def _bucket_key(inputs, target_out, config: DataConfig):
+    def bucket(ids):
+        return (tf.cast(tf.size(ids), tf.int64) + config.bucket_step - 1) // config.bucket_step
+    return bucket(inputs[0]) * _KEY_BASE + bucket(target_out)
+
+
+def _bucket_shape(key, config: DataConfig):
+    """(source_length, target_length) that the bucket `key` pads to, as int64 scalars."""
+    return key // _KEY_BASE * config.bucket_step, key % _KEY_BASE * config.bucket_step
+
+
+def _bucket_batch_size(key, config: DataConfig, num_replicas: int):
+    """floor(tokens_per_batch / longer side) rounded down to a multiple of num_replicas."""
+    longest = tf.maximum(*_bucket_shape(key, config))
+    return config.tokens_per_batch // longest // num_replicas * num_replicas
+
+
+def _pad_bucket(key, window, config: DataConfig, num_replicas: int):
+    source_length, target_length = _bucket_shape(key, config)
+    return window.padded_batch(
+        _bucket_batch_size(key, config, num_replicas),
+        padded_shapes=(([source_length], [target_length]), [target_length]))
+
+
 def make_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
                  target_tokenizer: Tokenizer, data_config: DataConfig, *, training: bool,
                  num_replicas: int = 1) -> tf.data.Dataset:
     """Token batches for `model.fit`: ((source_ids, target_in_ids), target_out_ids).
 
     Each element is int32 [batch, length], padded with PAD = 0; target_in = [START, w1, ..., wn]
-    and target_out = [w1, ..., wn, END]. Pairs are grouped by length (the longer of source and
-    target_in) into buckets whose padded `length` is a multiple of `bucket_step` up to
-    `max_length`; `batch * length <= tokens_per_batch` on each side (see `bucket_batch_sizes`).
+    and target_out = [w1, ..., wn, END]. Pairs are grouped by (source length, target length),
+    each rounded up to a multiple of `bucket_step` (so at most `max_length` rounded up), and
+    padded to exactly those lengths: batch shapes come from a small fixed set. A bucket whose
+    longer side is L holds floor(tokens_per_batch / L) pairs (`bucket_batch_sizes`), so padded
+    tokens per batch <= tokens_per_batch on each side; a bucket's last batch may be smaller.
     Pairs with an empty side or longer than `max_length` are dropped (`pair_stats` counts them).
 
     Tokenized pairs are cached in memory (after the first pass); with `training` they are
     reshuffled each epoch. With `num_replicas > 1`, batch sizes are multiples of `num_replicas`
-    and the last, partial batch of a bucket is left out unless it also divides evenly, so every
+    and a bucket's last, smaller batch is left out unless it also divides evenly, so every
     replica gets the same number of pairs; each epoch's shuffle leaves out different pairs.
     """
-    lengths = bucket_lengths(data_config)
-    sizes = bucket_batch_sizes(data_config, num_replicas)
+    bucket_batch_sizes(data_config, num_replicas)  # fails early if a longest pair cannot fit
     examples = _filtered_examples(pairs, source_tokenizer, target_tokenizer, data_config)
     if getattr(data_config, "cache", True):
         examples = examples.cache()
     if training:
         examples = examples.shuffle(data_config.shuffle_buffer, reshuffle_each_iteration=True)
-    batches = examples.bucket_by_sequence_length(
-        element_length_func=lambda inputs, target_out: tf.maximum(tf.size(inputs[0]),
-                                                                  tf.size(inputs[1])),
-        bucket_boundaries=[length + 1 for length in lengths],  # bucket i: lengths < boundary i
-        bucket_batch_sizes=sizes + [1],  # the last, unbounded bucket gets nothing: too long
-        pad_to_bucket_boundary=True,  # pads to boundary - 1 = the bucket length
-    )
+    batches = examples.group_by_window(
+        key_func=functools.partial(_bucket_key, config=data_config),
+        reduce_func=functools.partial(_pad_bucket, config=data_config, num_replicas=num_replicas),
+        window_size_func=functools.partial(_bucket_batch_size, config=data_config,
+                                           num_replicas=num_replicas))
     if num_replicas > 1:
         batches = batches.filter(
             lambda inputs, target_out: tf.shape(target_out)[0] % num_replicas == 0)

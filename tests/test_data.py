@@ -1,0 +1,250 @@
+"""Input pipeline: sources (files, tfds mock, Multi30k builder local and over HTTP), bad input,
+token-budget buckets, counting of dropped pairs."""
+
+import functools
+import gzip
+import http.server
+import logging
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from keras_transformer import multi30k
+from keras_transformer.config import DATA_ENV, ConfigError, DataConfig
+from keras_transformer.data import (DataError, batch_stats, bucket_batch_sizes, bucket_lengths,
+                                    fixed_size_batches, load_pairs, make_batches, pair_stats,
+                                    read_parallel_lines, data_stats, format_data_stats)
+from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID
+
+tfds.display_progress_bar(False)
+
+
+def _write(path, lines, compress=False):
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    path.write_bytes(gzip.compress(data) if compress else data)
+    return path
+
+
+def _files_config(folder, **overrides):
+    values = dict(dataset="files", data_dir=str(folder), source_lang="de", target_lang="en",
+                  max_length=16, tokens_per_batch=64, bucket_step=8)
+    values.update(overrides)
+    return DataConfig(**values)
+
+
+def _as_lists(pairs):
+    return [(s.decode(), t.decode()) for s, t in pairs.as_numpy_iterator()]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_mismatched_line_counts_name_both_files_and_counts(tmp_path):
+    source = _write(tmp_path / "train.de", ["a", "b", "c"])
+    target = _write(tmp_path / "train.en.gz", ["a", "b"], compress=True)
+    with pytest.raises(DataError) as error:
+        list(read_parallel_lines({"de": source, "en": target}))
+    assert str(error.value) == ("line-aligned files have different line counts: "
+                                f"{source} has 3 lines, {target} has 2 lines")
+    with pytest.raises(DataError, match="train.de has 3 lines, .*train.en.gz has 2 lines"):
+        load_pairs(_files_config(tmp_path), "train")
+
+
+def test_missing_file_lists_what_was_tried(tmp_path):
+    _write(tmp_path / "train.de", ["a"])
+    with pytest.raises(DataError, match=r"no files for split 'train'.*train\.en\.gz"):
+        load_pairs(_files_config(tmp_path), "train")
+    with pytest.raises(DataError, match=r"nowhere.en: file not found"):
+        list(read_parallel_lines({"en": tmp_path / "nowhere.en"}))
+
+
+def test_empty_files_are_an_error(tmp_path):
+    _write(tmp_path / "train.de", [])
+    _write(tmp_path / "train.en", [])
+    with pytest.raises(DataError, match=r"train.de, .*train.en: empty file"):
+        load_pairs(_files_config(tmp_path), "train")
+
+
+def test_bytes_that_are_not_utf8_name_file_and_line(tmp_path):
+    _write(tmp_path / "train.en", ["one", "two", "three"])
+    (tmp_path / "train.de").write_bytes("eins\nzwei\n".encode() + b"dr\xe8i\n")
+    with pytest.raises(DataError, match=r"train.de:3: not valid UTF-8 .*b'dr\\xe8i\\n'"):
+        load_pairs(_files_config(tmp_path), "train")
+
+
+def test_empty_lines_are_dropped_counted_and_logged(tmp_path, small_pairs, caplog,
+                                                    sentencepiece_tokenizers):
+    lines = list(small_pairs)
+    lines[1] = ("  ", lines[1][1])  # whitespace only counts as empty
+    lines[3] = (lines[3][0], "")
+    _write(tmp_path / "train.de", [s for s, _ in lines])
+    _write(tmp_path / "train.en", [t for _, t in lines])
+    config = _files_config(tmp_path, max_length=64, tokens_per_batch=512)
+    with caplog.at_level(logging.WARNING):
+        pairs = load_pairs(config, "train")
+    assert "2 of 5 line pairs have an empty side" in caplog.text and "(lines 2, 4)" in caplog.text
+    stats = pair_stats(pairs, *sentencepiece_tokenizers, config)
+    assert (stats.total, stats.kept, stats.dropped) == (5, 3, {"empty": 2, "too_long": 0})
+    batched = batch_stats(make_batches(pairs, *sentencepiece_tokenizers, config, training=False))
+    assert batched.pairs == 3
+
+
+def test_plain_and_gzip_files_and_the_val_alias(tmp_path, small_pairs):
+    _write(tmp_path / "val.de.gz", [f"  {s} " for s, _ in small_pairs], compress=True)
+    _write(tmp_path / "val.en.gz", [t for _, t in small_pairs], compress=True)
+    _write(tmp_path / "train.de", [s for s, _ in small_pairs])
+    _write(tmp_path / "train.en", [t for _, t in small_pairs])
+    config = _files_config(tmp_path)
+    assert _as_lists(load_pairs(config, "validation")) == small_pairs  # stripped
+    assert _as_lists(load_pairs(config, "train")) == small_pairs
+
+
+# ----------------------------------------------------------------------------- tfds sources
+
+def test_tfds_translation_dataset_with_mock_data():
+    config = DataConfig(dataset="ted_hrlr_translate/pt_to_en", source_lang="pt", target_lang="en")
+    with tfds.testing.mock_data(num_examples=7):
+        pairs = load_pairs(config, "train")
+        assert pairs.element_spec == (tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.string))
+        assert len(_as_lists(pairs)) == 7
+        with pytest.raises(ConfigError, match=r"target_lang='de' is not a language .*\['en', 'pt'\]"):
+            load_pairs(DataConfig(dataset=config.dataset, source_lang="pt", target_lang="de"),
+                       "validation")
+
+
+def _first_lines(folder, prefix, n=3):
+    lines = read_parallel_lines({lang: folder / f"{prefix}.{lang}.gz" for lang in ("de", "en")})
+    return [(line["de"], line["en"]) for _, (_, line) in zip(range(n), lines)]
+
+
+def _check_multi30k_build(config, multi30k_dir):
+    validation = load_pairs(config, "validation")
+    assert _as_lists(validation.take(3)) == [(s.strip(), t.strip()) for s, t in
+                                             _first_lines(multi30k_dir, "val")]
+    builder = tfds.builder("multi30k", data_dir=config.tfds_data_dir)
+    splits = {name: info.num_examples for name, info in builder.info.splits.items()}
+    assert splits == {"train": 29000, "validation": 1014, "test_2016_flickr": 1000}
+    assert builder.info.features["fr"] is not None
+
+
+def test_multi30k_builder_from_local_folder(multi30k_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv(multi30k.URL_ENV, "http://127.0.0.1:9/unreachable/")  # must not be used
+    config = DataConfig(dataset="multi30k", data_dir=str(multi30k_dir), source_lang="de",
+                        target_lang="en")
+    config.tfds_data_dir = str(tmp_path / "tfds")
+    _check_multi30k_build(config, multi30k_dir)
+
+
+def test_multi30k_builder_downloads_from_its_url(multi30k_dir, tmp_path, monkeypatch):
+    (tmp_path / "raw").symlink_to(multi30k_dir)
+    requested = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            requested.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Handler, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.delenv(DATA_ENV, raising=False)  # no local folder: the builder must download
+    monkeypatch.setenv(multi30k.URL_ENV, f"http://127.0.0.1:{server.server_port}/raw/")
+    config = DataConfig(dataset="multi30k", source_lang="de", target_lang="en")
+    config.tfds_data_dir = str(tmp_path / "tfds")
+    try:
+        _check_multi30k_build(config, multi30k_dir)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert sorted(requested) == sorted(f"/raw/{prefix}.{lang}.gz"
+                                       for prefix in multi30k.SPLIT_FILES.values()
+                                       for lang in multi30k.LANGUAGES)
+
+
+# ----------------------------------------------------------------------------- batching
+
+def test_bucket_lengths_and_batch_sizes():
+    config = DataConfig(max_length=30, tokens_per_batch=100, bucket_step=8)
+    assert bucket_lengths(config) == [8, 16, 24, 32]
+    assert bucket_batch_sizes(config) == [12, 6, 4, 3]
+    assert bucket_batch_sizes(config, num_replicas=2) == [12, 6, 4, 2]
+    with pytest.raises(ConfigError, match="cannot hold one pair of length 32 per replica for 4"):
+        bucket_batch_sizes(config, num_replicas=4)
+
+
+@pytest.fixture(scope="module")
+def train_batches(sentencepiece_tokenizers, multi30k_config):
+    """Multi30k train (29,000 pairs); with 1,000 pieces and max_length 64 some pairs are too long."""
+    config = multi30k_config(max_length=64, tokens_per_batch=2048)
+    pairs = load_pairs(config, "train")
+    stats = pair_stats(pairs, *sentencepiece_tokenizers, config)
+    batches = make_batches(pairs, *sentencepiece_tokenizers, config, training=True)
+    return config, pairs, stats, batches
+
+
+def test_every_pair_is_kept_or_counted_and_batches_fit_the_budget(train_batches):
+    config, _, stats, batches = train_batches
+    assert stats.total == 29000
+    assert stats.kept + sum(stats.dropped.values()) == stats.total
+    assert stats.dropped["too_long"] > 0 and stats.dropped["empty"] == 0
+    measured = batch_stats(batches)
+    assert measured.pairs == stats.kept
+    assert measured.max_padded_tokens <= config.tokens_per_batch
+    lengths = set(bucket_lengths(config))
+    sizes = dict(zip(bucket_lengths(config), bucket_batch_sizes(config)))
+    for batch, source_length, target_length in measured.shapes:
+        assert {source_length, target_length} <= lengths
+        assert batch <= sizes[max(source_length, target_length)]
+    assert len(measured.shapes) < 100
+
+
+def test_targets_are_shifted_and_nothing_is_truncated(train_batches):
+    config, _, _, batches = train_batches
+    for (source, target_in), target_out in batches.take(20):
+        assert source.dtype == target_in.dtype == target_out.dtype == tf.int32
+        target_in, target_out, source = target_in.numpy(), target_out.numpy(), source.numpy()
+        assert (target_in[:, 0] == START_ID).all() and (source[:, 0] == START_ID).all()
+        np.testing.assert_array_equal(target_in[:, 1:], np.where(target_out[:, :-1] == END_ID,
+                                                                 PAD_ID, target_out[:, :-1]))
+        # Every row ends with END followed only by padding: nothing was cut off.
+        for row in [*source, *target_out]:
+            length = np.count_nonzero(row)
+            assert row[length - 1] == END_ID and not row[length:].any()
+
+
+def test_bucketing_pads_much_less_than_64_pair_batches(train_batches, sentencepiece_tokenizers):
+    config, pairs, _, batches = train_batches
+    bucketed = batch_stats(batches)
+    fixed = batch_stats(fixed_size_batches(pairs, *sentencepiece_tokenizers, config))
+    print(f"\npadding fraction on Multi30k train (source/target): token-budget buckets "
+          f"{bucketed.padding_fraction('source'):.1%}/{bucketed.padding_fraction('target'):.1%}, "
+          f"64-pair batches {fixed.padding_fraction('source'):.1%}/"
+          f"{fixed.padding_fraction('target'):.1%}")
+    for side in ("source", "target"):
+        assert bucketed.padding_fraction(side) < 0.6 * fixed.padding_fraction(side)
+
+
+def test_replica_count_divides_every_batch(sentencepiece_tokenizers, multi30k_config):
+    config = multi30k_config(tokens_per_batch=512)
+    pairs = load_pairs(config, "validation")
+    measured = batch_stats(make_batches(pairs, *sentencepiece_tokenizers, config, training=True,
+                                        num_replicas=3))
+    assert measured.batches > 0 and all(batch % 3 == 0 for batch, _, _ in measured.shapes)
+    assert measured.max_padded_tokens <= config.tokens_per_batch
+
+
+def test_data_stats_report(sentencepiece_vocab, multi30k_dir):
+    config, vocab_dir = sentencepiece_vocab
+    stats = data_stats(config, vocab_dir)
+    train = stats["splits"]["train"]
+    assert train["pairs"] == 29000 and train["kept"] + sum(train["dropped"].values()) == 29000
+    assert stats["splits"]["test_2016_flickr"]["pairs"] == 1000
+    assert train["batches"]["max_padded_tokens"] <= config.tokens_per_batch
+    assert train["source_length"][50] <= train["source_length"][99] <= config.max_length + 100
+    report = format_data_stats(stats)
+    assert "[validation] 1014 pairs" in report and "padding" in report
