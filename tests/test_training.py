@@ -1,0 +1,175 @@
+"""The training runner: a distributed run's files and TensorBoard scalars, resume after SIGKILL,
+checkpoint averaging, mixed precision, and errors for bad input."""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import training
+from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig, TrainConfig
+
+
+def tiny_experiment(sentencepiece_vocab, **train_values) -> ExperimentConfig:
+    data_config, vocab_dir = sentencepiece_vocab
+    train_args = dict(epochs=2, steps_per_epoch=3, warmup_steps=10, strategy="mirrored",
+                      validation_bleu_sentences=8)
+    train_args.update(train_values)
+    return ExperimentConfig(
+        name="tiny",
+        model=ModelConfig.from_preset("tiny", share_embeddings="all"),
+        data=dataclasses.replace(data_config, vocab_dir=str(vocab_dir), validation_split="val"),
+        train=TrainConfig(**train_args))
+
+
+def read_events(folder: Path) -> dict:
+    """{tag: [values]} of every summary in the event files of `folder`."""
+    values = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                values.setdefault(value.tag, []).append(tf.make_ndarray(value.tensor))
+    return values
+
+
+@pytest.fixture(scope="module")
+def mirrored_run(sentencepiece_vocab, tmp_path_factory):
+    """A 2-epoch run of the tiny preset on Multi30k under MirroredStrategy on 2 CPU devices."""
+    run_dir = tmp_path_factory.mktemp("run")
+    history = training.train(tiny_experiment(sentencepiece_vocab), run_dir, verbose=0)
+    return run_dir, history
+
+
+def test_mirrored_run_writes_checkpoints_config_and_logs(mirrored_run):
+    run_dir, history = mirrored_run
+    assert [p.name for p in training.epoch_checkpoints(run_dir)] == [
+        "epoch_001.weights.h5", "epoch_002.weights.h5"]
+    assert (run_dir / "last.weights.h5").exists() and (run_dir / "best.weights.h5").exists()
+    saved = training.load_run_config(run_dir)
+    assert saved.model.source_vocab_size == saved.model.target_vocab_size == 1000
+    assert not (run_dir / "backup").exists()  # removed when training completes
+    assert set(history.history) >= {"loss", "val_loss", "accuracy", "val_bleu", "val_chrf",
+                                    "tokens_per_second"}
+    assert all(np.isfinite(history.history["loss"]))
+    assert history.history["tokens_per_second"][-1] > 0
+
+
+def test_tensorboard_has_loss_learning_rate_bleu_and_translations(mirrored_run):
+    run_dir, _ = mirrored_run
+    train_events = read_events(run_dir / "logs" / "train")
+    validation_events = read_events(run_dir / "logs" / "validation")
+    assert len(train_events["epoch_loss"]) == 2
+    assert len(train_events["epoch_learning_rate"]) == 2
+    assert "epoch_tokens_per_second" in train_events
+    assert len(validation_events["epoch_bleu"]) == 2
+    assert "epoch_loss" in validation_events and "epoch_chrf" in validation_events
+    table = validation_events["translations"][0].item().decode()
+    assert table.startswith("| source | reference | translation |")
+    assert len(table.splitlines()) == 2 + 5
+    image = validation_events["cross_attention"][0]
+    assert image.shape[0] == 3  # width, height and the encoded PNG
+
+
+def test_average_is_the_elementwise_mean(mirrored_run):
+    run_dir, _ = mirrored_run
+    averaged = training.load_trained_model(run_dir, training.average_checkpoints(run_dir, 2))
+    weights = [training.load_trained_model(run_dir, path).get_weights()
+               for path in training.epoch_checkpoints(run_dir)]
+    for got, first, second in zip(averaged.get_weights(), *weights):
+        np.testing.assert_allclose(got, (first + second) / 2, rtol=1e-6, atol=1e-7)
+    assert any(not np.allclose(a, b) for a, b in zip(*weights))
+    with pytest.raises(ConfigError, match="cannot average the last 3 checkpoints.*holds 2"):
+        training.average_checkpoints(run_dir, 3)
+
+
+def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(sentencepiece_vocab, tmp_path):
+    config = tiny_experiment(sentencepiece_vocab, epochs=1, steps_per_epoch=2,
+                             precision="mixed_bfloat16", validation_bleu_sentences=4,
+                             strategy="one_device")
+    history = training.train(config, tmp_path, verbose=0)
+    assert np.isfinite(history.history["loss"][0]) and np.isfinite(history.history["val_loss"][0])
+    import keras
+
+    assert keras.config.dtype_policy().name == "float32"  # restored after training
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = training.build_model(training.load_run_config(tmp_path))
+        assert model.compute_dtype == "bfloat16"
+        logits = model((np.ones((1, 4), "int32"), np.ones((1, 3), "int32")))
+        assert logits.dtype == "float32"
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+
+def test_output_holding_another_run_is_refused_and_kept(mirrored_run, sentencepiece_vocab):
+    run_dir, _ = mirrored_run
+    before = (run_dir / "config.yaml").read_text()
+    other = tiny_experiment(sentencepiece_vocab, label_smoothing=0.2)
+    with pytest.raises(ConfigError, match=r"holds another run's config \(differs in "
+                                          r"train.label_smoothing\)"):
+        training.train(other, run_dir, verbose=0)
+    assert (run_dir / "config.yaml").read_text() == before
+
+
+# ----------------------------------------------------------------------------- command line
+
+def write_config(config: ExperimentConfig, path: Path) -> Path:
+    config.to_yaml(path)
+    return path
+
+
+def run_cli(*args, timeout=300):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([sys.executable, "-m", "keras_transformer.cli", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.epoch=3", "unknown config key 'train.epoch'"),
+    ("train.epochs=many", "train.epochs='many' has the wrong type: expected int"),
+    ("data.data_dir=/nonexistent/m30k", "/nonexistent/m30k"),
+])
+def test_cli_bad_input_is_one_line_error(sentencepiece_vocab, tmp_path, override, message):
+    config = write_config(tiny_experiment(sentencepiece_vocab), tmp_path / "exp.yaml")
+    result = run_cli("train", "--config", str(config), "--set", override,
+                     "--output", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stderr[-2000:]
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("keras-transformer train: error:") and message in error
+
+
+def test_killed_run_resumes_from_its_backup(sentencepiece_vocab, tmp_path):
+    """SIGKILL after the first epoch's backup; the same command resumes, not restarts."""
+    config = tiny_experiment(sentencepiece_vocab, epochs=6, steps_per_epoch=2,
+                             validation_bleu_sentences=0, strategy="one_device")
+    config_path = write_config(config, tmp_path / "exp.yaml")
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "keras_transformer.cli", "train", "--config",
+               str(config_path), "--output", str(run_dir), "--verbose", "2"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    backup = run_dir / "backup" / "training_metadata.json"
+    deadline = time.time() + 240
+    while not backup.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert backup.exists(), "no backup was written before the deadline"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (run_dir / "checkpoints" / "epoch_006.weights.h5").exists()
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    line = next(l for l in resumed.stdout.splitlines() if "keras-transformer train: " in l)
+    assert "resuming at epoch" in line, line
+    epoch = int(line.split("resuming at epoch ")[1].split(",")[0])
+    step = int(line.split("optimizer step ")[1])
+    assert epoch >= 2 and step >= 2
+    assert (run_dir / "checkpoints" / "epoch_006.weights.h5").exists()
