@@ -5,6 +5,9 @@
     keras-transformer data-stats --config experiments/NAME.yaml [--set k=v] --vocab DIR
     keras-transformer train --config experiments/NAME.yaml [--set k=v ...] --output runs/NAME
     keras-transformer average --run runs/NAME --last N
+    keras-transformer export --run runs/NAME --output saved_models/NAME [--version N] [--beam K]
+    keras-transformer translate --model saved_models/NAME/1 [--beam K | --greedy] < in > out
+    keras-transformer evaluate --model saved_models/NAME/1 --source FILE --reference FILE
 """
 
 from __future__ import annotations
@@ -83,6 +86,118 @@ def _average(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from keras_transformer.translator import export_run
+
+    try:
+        path = export_run(args.run_dir, args.output, version=args.version, weights=args.weights,
+                          beam_size=args.beam, alpha=args.alpha, jit_compile=args.xla)
+    except FileExistsError as error:
+        raise ConfigError(str(error)) from None
+    print(f"exported {args.run_dir} to {path}")
+    return 0
+
+
+def _translate_function(args):
+    """The `string [batch] -> {"translation": ...}` function chosen by --model/--run and
+    --beam/--greedy. An exported model's beam size is fixed at export: --beam must match it."""
+    if args.run_dir:
+        from keras_transformer.translator import translator_from_run
+
+        module = translator_from_run(args.run_dir, weights=args.weights, beam_size=args.beam)
+    else:
+        from keras_transformer.translator import load_translator
+
+        module = load_translator(args.model)
+        if args.beam is not None and not args.greedy:
+            exported = int(module.translate_nbest(_strings([""]))["scores"].shape[1])
+            if args.beam != exported:
+                raise ConfigError(
+                    f"--beam {args.beam}: {args.model} was exported with beam size {exported};"
+                    f" export again with --beam {args.beam}, or use --run")
+    name = "translate_greedy" if args.greedy else "translate_beam"
+    # The closure keeps `module` alive: a tf.function bound to a collected module fails, and a
+    # loaded SavedModel's variables are deleted with it.
+    return lambda batch: getattr(module, name)(batch)
+
+
+def _strings(lines):
+    import tensorflow as tf
+
+    return tf.constant(lines, tf.string)
+
+
+class _Progress:
+    """A one-line progress bar on stderr: `translated 340/1000 sentences (34%), 120.5/s`."""
+
+    def __init__(self, total: int, stream=sys.stderr):
+        import time
+
+        self.total, self.done, self.stream, self.clock = total, 0, stream, time.perf_counter
+        self.start = self.clock()
+
+    def __call__(self, count: int) -> None:
+        self.done += count
+        rate = self.done / max(self.clock() - self.start, 1e-9)
+        percent = 100 * self.done // max(self.total, 1)
+        end = "\n" if self.done >= self.total else ""
+        print(f"\rtranslated {self.done}/{self.total} sentences ({percent}%), {rate:.1f}/s",
+              end=end, file=self.stream, flush=True)
+
+
+def _translate_lines(args, lines):
+    from keras_transformer.evaluation import translate_texts
+
+    translate = _translate_function(args)
+    progress = _Progress(len(lines)) if not args.quiet else None
+    return translate_texts(translate, lines, batch_size=args.batch_size, progress=progress)
+
+
+def _read_lines(path) -> list[str]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def _translate(args) -> int:
+    lines = [line.rstrip("\n") for line in sys.stdin]
+    for translation in _translate_lines(args, lines):
+        sys.stdout.write(translation.replace("\n", " ") + "\n")
+    return 0
+
+
+def _evaluate(args) -> int:
+    from keras_transformer.evaluation import score, write_lines
+
+    sources, references = _read_lines(args.source), _read_lines(args.reference)
+    if len(sources) != len(references):
+        raise ConfigError(f"{args.source} has {len(sources)} lines but {args.reference} has "
+                         f"{len(references)}")
+    hypotheses = _translate_lines(args, sources)
+    if args.output:
+        write_lines(args.output, hypotheses)
+    scores = score(hypotheses, references)
+    for metric in ("bleu", "bleu_lowercase", "chrf", "chrf_lowercase"):
+        print(f"{metric}: {scores[metric]:.2f}  ({scores[metric + '_signature']})")
+    return 0
+
+
+def _add_translator_arguments(parser):
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="exported version folder, e.g. saved_models/NAME/1")
+    source.add_argument("--run", dest="run_dir",
+                        help="training run folder (uses the Keras model directly)")
+    search = parser.add_mutually_exclusive_group()
+    search.add_argument("--beam", type=int, metavar="K",
+                        help="beam size (default: the run's decode.beam_size, or the export's)")
+    search.add_argument("--greedy", action="store_true", help="greedy search")
+    parser.add_argument("--weights", default="best",
+                        help="with --run: best, last, or a weight file (default: best)")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def _add_config_arguments(parser):
     parser.add_argument("--config", required=True, help="experiment YAML file")
     parser.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
@@ -124,6 +239,32 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--last", type=int, default=5, help="how many checkpoints")
     average.add_argument("--output", help="weights file (default: RUN/average_lastN.weights.h5)")
     average.set_defaults(run=_average)
+
+    export = commands.add_parser("export", help="export a run as a SavedModel for TF Serving")
+    # dest run_dir: `run` holds the subcommand's function (set_defaults below).
+    export.add_argument("--run", dest="run_dir", required=True, help="training run folder")
+    export.add_argument("--output", required=True,
+                        help="model folder; the export goes to OUTPUT/VERSION/")
+    export.add_argument("--version", type=int, help="version number (default: the next one)")
+    export.add_argument("--beam", type=int, help="beam size of serving_default (default: the "
+                        "run's decode.beam_size)")
+    export.add_argument("--alpha", type=float, help="length penalty (default: decode.alpha)")
+    export.add_argument("--weights", default="best", help="best, last, or a weight file")
+    export.add_argument("--xla", action="store_true",
+                        help="compile the search with XLA (TF Serving then needs "
+                             "--xla_cpu_compilation_enabled=true)")
+    export.set_defaults(run=_export)
+
+    translate = commands.add_parser("translate", help="translate stdin to stdout, line by line")
+    _add_translator_arguments(translate)
+    translate.set_defaults(run=_translate)
+
+    evaluate = commands.add_parser("evaluate", help="sacreBLEU and chrF of a model on files")
+    _add_translator_arguments(evaluate)
+    evaluate.add_argument("--source", required=True, help="source text file, one sentence a line")
+    evaluate.add_argument("--reference", required=True, help="reference file, line-aligned")
+    evaluate.add_argument("--output", help="write the hypotheses to this file")
+    evaluate.set_defaults(run=_evaluate)
     return parser
 
 
