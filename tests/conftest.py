@@ -91,3 +91,38 @@ def wordpiece_tokenizers(wordpiece_vocab):
     from keras_transformer.tokenizers import load_tokenizers
 
     return load_tokenizers(*wordpiece_vocab)
+
+
+@pytest.fixture(scope="session")
+def random_translation_model(sentencepiece_tokenizers):
+    """(model, tokenizer): a random tiny Transformer over the joint SentencePiece vocabulary.
+
+    `max_length` 24 keeps searches short. The END logit gets a bias, so that random outputs end
+    at varied lengths (instead of always at their cap) and the searches' early exits are used.
+    """
+    import numpy as np
+
+    from keras_transformer.config import ModelConfig
+    from keras_transformer.model import Transformer
+    from keras_transformer.tokenizers import END_ID
+
+    tokenizer = sentencepiece_tokenizers[0]
+    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, dff=64, dropout=0.1,
+                         share_embeddings="none", source_vocab_size=tokenizer.vocab_size,
+                         target_vocab_size=tokenizer.vocab_size, max_length=24)
+    model = Transformer(config)
+    model.build()
+    # Seeded numpy weights rather than keras.utils.set_random_seed, which clears TensorFlow's
+    # eager kernel cache and with it the SentencePiece resource of already loaded tokenizers.
+    rng = np.random.default_rng(7)
+    weights = []
+    for w in model.get_weights():
+        if w.ndim >= 2:  # Glorot-uniform kernels and embeddings
+            limit = np.sqrt(6.0 / (w.shape[0] + np.prod(w.shape[1:])))
+            w = rng.uniform(-limit, limit, w.shape)
+        weights.append(w.astype(np.float32))
+    model.set_weights(weights)
+    bias = model.final_layer.bias.numpy()
+    bias[END_ID] = 2.5
+    model.final_layer.bias.assign(bias)
+    return model, tokenizer

@@ -1,0 +1,187 @@
+"""Tests of the Translator (eager, no export): cached search against uncached decoding, beam vs
+greedy, batching invariance, bad inputs. See test_export.py for the SavedModel."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer.config import DecodeConfig
+from keras_transformer.decoding import PAD_ID
+from keras_transformer.tokenizers import END_ID, START_ID
+from keras_transformer.translator import Translator
+
+SENTENCES = [
+    "Ein Mann fährt Fahrrad.",
+    "Zwei Hunde spielen im Schnee.",
+    "Eine Frau liest ein Buch im Park, während Kinder neben ihr Fußball spielen.",
+    "Hallo",
+    "Der Mann's Hut ist rot.",
+]
+BAD_INPUTS = [
+    "",
+    "   \t ",
+    " ".join(["Wort"] * 2000),
+    b"\xff\xfe ung\xc3ltig \x80",  # invalid UTF-8
+    "漢字 ☃ 🙂 ʕ•ᴥ•ʔ",  # characters outside the vocabulary
+]
+
+
+@pytest.fixture(scope="module")
+def translator(random_translation_model):
+    model, tokenizer = random_translation_model
+    return Translator(model, tokenizer, tokenizer, DecodeConfig(beam_size=3, alpha=0.6,
+                                                                max_extra_length=8))
+
+
+def texts(tensor):
+    return [t.decode("utf-8") for t in np.asarray(tensor).reshape(-1)]
+
+
+def uncached_greedy(model, source_ids, max_lengths, max_length):
+    """The tutorial's decoding: the whole model re-run on the prefix at every step, argmax.
+
+    Returns int32 [batch, max_length] shaped like `decoding.greedy_search`'s ids.
+    """
+    batch = source_ids.shape[0]
+    prefix = np.full([batch, 1], START_ID, np.int32)
+    output = np.full([batch, max_length], PAD_ID, np.int32)
+    finished = np.zeros([batch], bool)
+    for step in range(max_length):
+        logits = model((source_ids, prefix), training=False)[:, -1].numpy()  # [batch, vocab]
+        next_ids = np.where(finished, PAD_ID, logits.argmax(-1)).astype(np.int32)
+        output[:, step] = next_ids
+        finished |= (next_ids == END_ID) | (step + 1 >= max_lengths)
+        if finished.all():
+            break
+        prefix = np.concatenate([prefix, next_ids[:, None]], axis=1)
+    return output
+
+
+def sequence_log_probs(model, source_ids, ids):
+    """Teacher-forced log P of each row of ids int32 [batch, len] (END-terminated or capped,
+    PAD after) -> float64 [batch]."""
+    target_in = np.concatenate([np.full([ids.shape[0], 1], START_ID), ids[:, :-1]], axis=1)
+    logits = model((source_ids, target_in), training=False).numpy().astype(np.float64)
+    log_probs = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    picked = np.take_along_axis(log_probs, ids[:, :, None], axis=-1)[:, :, 0]
+    return np.where(ids != PAD_ID, picked, 0.0).sum(axis=1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cached_greedy_equals_uncached_greedy(translator, seed):
+    rng = np.random.default_rng(seed)
+    model = translator.model
+    batch, source_len = 4, 3 + 4 * seed
+    source_ids = rng.integers(4, model.config.source_vocab_size, [batch, source_len]).astype(
+        np.int32)
+    source_ids[:, -1] = END_ID
+    source_ids[1, source_len // 2:] = PAD_ID  # a padded sentence
+    max_lengths = np.array([20, 5, 12, 1], np.int32)
+    cached, _ = translator._greedy_ids(tf.constant(source_ids), tf.constant(max_lengths),
+                                       tf.constant(20))
+    expected = uncached_greedy(model, source_ids, max_lengths, 20)
+    np.testing.assert_array_equal(cached.numpy(), expected)
+    assert (expected == END_ID).any(), "the random model never ends: the test lost its edge"
+
+
+def test_beam_size_one_equals_greedy(random_translation_model):
+    model, tokenizer = random_translation_model
+    one = Translator(model, tokenizer, tokenizer, DecodeConfig(beam_size=1, alpha=0.0,
+                                                               max_extra_length=8))
+    source = tf.constant(SENTENCES)
+    greedy, beam = one.translate_greedy(source), one.translate_beam(source)
+    assert texts(beam["translation"]) == texts(greedy["translation"])
+    np.testing.assert_allclose(beam["score"], greedy["score"], rtol=1e-5)
+
+
+def test_beam_scores_are_model_scores_and_beat_greedy(random_translation_model):
+    """With alpha 0 the beam score is log P. Beam search usually finds a sequence at least as
+    probable as greedy's; it may legitimately score lower only when greedy's sequence fell out
+    of the beam (k other prefixes were more probable at some step), so then that sequence must
+    not be among the beam's finished hypotheses."""
+    model, tokenizer = random_translation_model
+    beam_size = 4
+    search = Translator(model, tokenizer, tokenizer, DecodeConfig(beam_size=beam_size, alpha=0.0,
+                                                                  max_extra_length=8))
+    source_ids, max_lengths, max_length = search._encode_inputs(tf.constant(SENTENCES))
+    greedy_ids, greedy_scores = search._greedy_ids(source_ids, max_lengths, max_length)
+    beam_ids, beam_scores = search._beam_ids(source_ids, max_lengths, max_length, beam_size)
+    greedy_ids, beam_ids = greedy_ids.numpy(), beam_ids.numpy()  # [batch, len], [batch, k, len]
+    greedy_scores, beam_scores = greedy_scores.numpy(), beam_scores.numpy()  # [batch], [batch, k]
+
+    np.testing.assert_allclose(greedy_scores, sequence_log_probs(model, source_ids, greedy_ids),
+                               atol=1e-3)
+    for rank in range(beam_size):
+        np.testing.assert_allclose(beam_scores[:, rank],
+                                   sequence_log_probs(model, source_ids, beam_ids[:, rank]),
+                                   atol=1e-3)
+    assert np.all(np.diff(beam_scores, axis=1) <= 1e-6), "n-best not sorted"
+    better = beam_scores[:, 0] >= greedy_scores - 1e-4
+    for sentence in np.flatnonzero(~better):
+        assert not any((beam_ids[sentence, r] == greedy_ids[sentence]).all()
+                       for r in range(beam_size)), f"sentence {sentence}: greedy's sequence was " \
+                                                   "found but ranked below a worse one"
+    assert better.mean() >= 0.8, beam_scores[:, 0] - greedy_scores
+
+
+@pytest.mark.parametrize("function", ["translate_greedy", "translate_beam", "translate_nbest"])
+def test_batch_equals_each_sentence_alone(translator, function):
+    """Padding in a batch changes nothing, including for bad inputs; order is preserved."""
+    sentences = SENTENCES + BAD_INPUTS
+    translate = getattr(translator, function)
+    batch = translate(tf.constant(sentences))
+    keys = sorted(batch)
+    assert all(batch[key].shape[0] == len(sentences) for key in keys)
+    for index, sentence in enumerate(sentences):
+        alone = translate(tf.constant([sentence]))
+        for key in keys:
+            if batch[key].dtype == tf.string:
+                assert texts(batch[key][index]) == texts(alone[key][0]), (function, sentence)
+            else:
+                np.testing.assert_allclose(batch[key][index], alone[key][0], rtol=1e-4,
+                                           atol=1e-4)
+
+
+def test_bad_inputs_give_one_valid_output_each(translator):
+    model_limit = translator.model.config.max_length
+    for function in (translator.translate_greedy, translator.translate_beam, translator):
+        result = function(tf.constant(BAD_INPUTS))
+        assert result["translation"].shape == (len(BAD_INPUTS),)
+        assert np.all(np.isfinite(result["score"]))
+        for text in texts(result["translation"]):  # valid UTF-8 (texts decodes strictly)
+            assert len(text.split()) <= model_limit
+    nbest = translator.translate_nbest(tf.constant(BAD_INPUTS))
+    assert nbest["translations"].shape == (len(BAD_INPUTS), 3)
+
+
+def test_long_source_is_truncated_to_the_model_length(translator):
+    """A source longer than max_length is cut to its first max_length - 1 tokens plus END, so
+    sentences that share those tokens get the same translation."""
+    long_a = " ".join(["Wort"] * 2000)
+    long_b = " ".join(["Wort"] * 300 + ["Hund"] * 50)
+    source_ids, max_lengths, _ = translator._encode_inputs(tf.constant([long_a, long_b]))
+    limit = translator.model.config.max_length
+    assert source_ids.shape == (2, limit)
+    assert (source_ids[:, -1].numpy() == END_ID).all()
+    assert (max_lengths.numpy() == limit).all()
+    result = translator.translate_greedy(tf.constant([long_a, long_b]))
+    assert texts(result["translation"])[0] == texts(result["translation"])[1]
+
+
+def test_empty_batch_gives_empty_outputs(translator):
+    empty = tf.constant([], tf.string)
+    for function in (translator.translate_greedy, translator.translate_beam, translator):
+        result = function(empty)
+        assert result["translation"].shape == (0,) and result["score"].shape == (0,)
+    nbest = translator.translate_nbest(empty)
+    assert nbest["translations"].shape == (0, 3) and nbest["scores"].shape == (0, 3)
+
+
+def test_output_length_is_capped_by_source_length(random_translation_model):
+    model, tokenizer = random_translation_model
+    short = Translator(model, tokenizer, tokenizer, DecodeConfig(max_extra_length=1))
+    source_ids, max_lengths, max_length = short._encode_inputs(tf.constant(["Hallo", "Ein Hund."]))
+    ids, _ = short._greedy_ids(source_ids, max_lengths, max_length)
+    source_lengths = (source_ids.numpy() != PAD_ID).sum(axis=1)
+    generated = (ids.numpy() != PAD_ID).sum(axis=1)
+    assert (generated <= source_lengths + 1).all() and ids.shape[1] == max(source_lengths) + 1
