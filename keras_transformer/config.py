@@ -107,6 +107,8 @@ class DataConfig:
     tokens_per_batch: int = 4096  # padded source (and target) tokens in one global batch
     bucket_step: int = 8  # batches are padded to a multiple of this length
     shuffle_buffer: int = 30000
+    cache: bool = True  # keep tokenized training pairs in memory; turn off for corpora beyond RAM
+    tfds_data_dir: Optional[str] = None  # where tfds prepares datasets; None: ~/tensorflow_datasets
 
     def __post_init__(self):
         _check_choice("data.tokenizer", self.tokenizer, ("sentencepiece", "wordpiece"))

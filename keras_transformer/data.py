@@ -156,7 +156,7 @@ def _load_files(data_config: DataConfig, split: str) -> tf.data.Dataset:
 # ----------------------------------------------------------------------------- tfds sources
 
 def _tfds_data_dir(data_config: DataConfig):
-    return getattr(data_config, "tfds_data_dir", None)
+    return data_config.tfds_data_dir
 
 
 def _local_dir_or_none(data_config: DataConfig) -> str | None:
@@ -364,7 +364,7 @@ def make_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
     """
     bucket_batch_sizes(data_config, num_replicas)  # fails early if a longest pair cannot fit
     examples = _filtered_examples(pairs, source_tokenizer, target_tokenizer, data_config)
-    if getattr(data_config, "cache", True):
+    if data_config.cache:
         examples = examples.cache()
     if training:
         examples = examples.shuffle(data_config.shuffle_buffer, reshuffle_each_iteration=True)

@@ -157,6 +157,40 @@ def build_model(config: ExperimentConfig) -> Transformer:
     return model
 
 
+def build_compiled_state(model: Transformer, batches: tf.data.Dataset) -> None:
+    """Builds the compiled loss, metrics and optimizer on one real batch, before `fit`, so that
+    `fit` has nothing left to build from its first distributed batch."""
+    inputs, target_out = next(iter(batches.take(1)))
+    logits = model(inputs)
+    model.compute_loss(inputs, target_out, logits)
+    model.compute_metrics(inputs, target_out, logits, sample_weight=None)
+    model.reset_metrics()
+    model.optimizer.build(model.trainable_variables)
+
+
+def apply_multi_worker_workarounds(model: Transformer) -> None:
+    """Works around two Keras 3.15 bugs of `fit` under MultiWorkerMirroredStrategy.
+
+    1. `fit` reduces its first distributed batch across workers for a symbolic build ("Attempt
+       to convert a value (PerReplica...)"), even when the model, loss, metrics and optimizer
+       are built; after `build_compiled_state` there is nothing to build, so the step is skipped.
+    2. The trainer averages each step's logs across workers with `strategy.reduce("MEAN", v,
+       axis=0)`, which fails on scalars ("Invalid reduction dimension 0 for input with 0
+       dimensions", tensorflow/tensorflow#72388): the steps return 1-element vectors instead,
+       which that reduction turns back into scalars.
+    Both touch Keras internals (a private method, the trainer's reduction), hence isolated here
+    and covered by the multi-worker test.
+    """
+    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
+    train_step, test_step = model.train_step, model.test_step
+
+    def as_vectors(logs):
+        return {name: tf.reshape(value, [1]) for name, value in logs.items()}
+
+    model.train_step = lambda data: as_vectors(train_step(data))
+    model.test_step = lambda data: as_vectors(test_step(data))
+
+
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class TargetTokens(keras.metrics.Metric):
     """Non-padding target tokens seen in the epoch (summed over replicas): the numerator of
@@ -260,6 +294,9 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     try:
         with strategy.scope():
             model = build_model(config)
+            build_compiled_state(model, validation_batches)
+            if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+                apply_multi_worker_workarounds(model)
         validation_callback = None
         if config.train.validation_bleu_sentences:
             from keras_transformer.evaluation import ValidationBleu

@@ -126,3 +126,25 @@ def random_translation_model(sentencepiece_tokenizers):
     bias[END_ID] = 2.5
     model.final_layer.bias.assign(bias)
     return model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_experiment(sentencepiece_vocab):
+    """Returns an ExperimentConfig of the tiny preset on Multi30k (the 1,000-piece joint
+    vocabulary above, all embeddings shared) for short runs; keyword arguments override `train`."""
+    import dataclasses
+
+    from keras_transformer.config import ExperimentConfig, ModelConfig, TrainConfig
+
+    data_config, vocab_dir = sentencepiece_vocab
+
+    def make(**train_values) -> ExperimentConfig:
+        values = dict(epochs=2, steps_per_epoch=3, warmup_steps=10, strategy="mirrored",
+                      validation_bleu_sentences=8)
+        values.update(train_values)
+        return ExperimentConfig(
+            name="tiny",
+            model=ModelConfig.from_preset("tiny", share_embeddings="all"),
+            data=dataclasses.replace(data_config, vocab_dir=str(vocab_dir)),
+            train=TrainConfig(**values))
+    return make

@@ -1,7 +1,6 @@
 """The training runner: a distributed run's files and TensorBoard scalars, resume after SIGKILL,
 checkpoint averaging, mixed precision, and errors for bad input."""
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -14,19 +13,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import training
-from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig, TrainConfig
-
-
-def tiny_experiment(sentencepiece_vocab, **train_values) -> ExperimentConfig:
-    data_config, vocab_dir = sentencepiece_vocab
-    train_args = dict(epochs=2, steps_per_epoch=3, warmup_steps=10, strategy="mirrored",
-                      validation_bleu_sentences=8)
-    train_args.update(train_values)
-    return ExperimentConfig(
-        name="tiny",
-        model=ModelConfig.from_preset("tiny", share_embeddings="all"),
-        data=dataclasses.replace(data_config, vocab_dir=str(vocab_dir), validation_split="val"),
-        train=TrainConfig(**train_args))
+from keras_transformer.config import ConfigError, ExperimentConfig
 
 
 def read_events(folder: Path) -> dict:
@@ -40,10 +27,10 @@ def read_events(folder: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def mirrored_run(sentencepiece_vocab, tmp_path_factory):
+def mirrored_run(tiny_experiment, tmp_path_factory):
     """A 2-epoch run of the tiny preset on Multi30k under MirroredStrategy on 2 CPU devices."""
     run_dir = tmp_path_factory.mktemp("run")
-    history = training.train(tiny_experiment(sentencepiece_vocab), run_dir, verbose=0)
+    history = training.train(tiny_experiment(), run_dir, verbose=0)
     return run_dir, history
 
 
@@ -89,8 +76,8 @@ def test_average_is_the_elementwise_mean(mirrored_run):
         training.average_checkpoints(run_dir, 3)
 
 
-def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(sentencepiece_vocab, tmp_path):
-    config = tiny_experiment(sentencepiece_vocab, epochs=1, steps_per_epoch=2,
+def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, tmp_path):
+    config = tiny_experiment(epochs=1, steps_per_epoch=2,
                              precision="mixed_bfloat16", validation_bleu_sentences=4,
                              strategy="one_device")
     history = training.train(config, tmp_path, verbose=0)
@@ -108,10 +95,10 @@ def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(sentencepiece_voc
         keras.config.set_dtype_policy("float32")
 
 
-def test_output_holding_another_run_is_refused_and_kept(mirrored_run, sentencepiece_vocab):
+def test_output_holding_another_run_is_refused_and_kept(mirrored_run, tiny_experiment):
     run_dir, _ = mirrored_run
     before = (run_dir / "config.yaml").read_text()
-    other = tiny_experiment(sentencepiece_vocab, label_smoothing=0.2)
+    other = tiny_experiment(label_smoothing=0.2)
     with pytest.raises(ConfigError, match=r"holds another run's config \(differs in "
                                           r"train.label_smoothing\)"):
         training.train(other, run_dir, verbose=0)
@@ -136,8 +123,8 @@ def run_cli(*args, timeout=300):
     ("train.epochs=many", "train.epochs='many' has the wrong type: expected int"),
     ("data.data_dir=/nonexistent/m30k", "/nonexistent/m30k"),
 ])
-def test_cli_bad_input_is_one_line_error(sentencepiece_vocab, tmp_path, override, message):
-    config = write_config(tiny_experiment(sentencepiece_vocab), tmp_path / "exp.yaml")
+def test_cli_bad_input_is_one_line_error(tiny_experiment, tmp_path, override, message):
+    config = write_config(tiny_experiment(), tmp_path / "exp.yaml")
     result = run_cli("train", "--config", str(config), "--set", override,
                      "--output", str(tmp_path / "run"))
     assert result.returncode == 2, result.stderr[-2000:]
@@ -145,9 +132,9 @@ def test_cli_bad_input_is_one_line_error(sentencepiece_vocab, tmp_path, override
     assert error.startswith("keras-transformer train: error:") and message in error
 
 
-def test_killed_run_resumes_from_its_backup(sentencepiece_vocab, tmp_path):
+def test_killed_run_resumes_from_its_backup(tiny_experiment, tmp_path):
     """SIGKILL after the first epoch's backup; the same command resumes, not restarts."""
-    config = tiny_experiment(sentencepiece_vocab, epochs=6, steps_per_epoch=2,
+    config = tiny_experiment(epochs=6, steps_per_epoch=2,
                              validation_bleu_sentences=0, strategy="one_device")
     config_path = write_config(config, tmp_path / "exp.yaml")
     run_dir = tmp_path / "run"
