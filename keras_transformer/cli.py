@@ -130,10 +130,11 @@ def _strings(lines):
 class _Progress:
     """A one-line progress bar on stderr: `translated 340/1000 sentences (34%), 120.5/s`."""
 
-    def __init__(self, total: int, stream=sys.stderr):
+    def __init__(self, total: int, stream=None):
         import time
 
-        self.total, self.done, self.stream, self.clock = total, 0, stream, time.perf_counter
+        self.total, self.done, self.clock = total, 0, time.perf_counter
+        self.stream = stream or sys.stderr
         self.start = self.clock()
 
     def __call__(self, count: int) -> None:

@@ -69,13 +69,16 @@ class Translator(tf.Module):
                  target_tokenizer: Tokenizer, decode_config: DecodeConfig = DecodeConfig(),
                  jit_compile: bool = False, name=None):
         super().__init__(name=name)
-        self.model = model
+        # Not tracked: the SavedModel would store every weight twice, once through the Keras
+        # variable wrappers and once as the tf.Variables below.
+        object.__setattr__(self, "model", model)
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
         self.decode_config = decode_config
         self.jit_compile = jit_compile
         # The session-based loader (saved_model_cli, TF Serving) finds variables only if the
-        # module tracks the tf.Variables themselves, not Keras 3's wrappers around them.
+        # module tracks the tf.Variables themselves, not Keras 3's wrappers around them. A
+        # compiled model's optimizer is thus never tracked either.
         self.model_variables = [w.value for w in model.weights]
         self._greedy_ids = tf.function(self._greedy_search, jit_compile=jit_compile)
         self._beam_ids = tf.function(self._beam_search, jit_compile=jit_compile)

@@ -1,0 +1,302 @@
+"""Tests of the exported SavedModel: fresh-process reload, saved_model_cli (session loader), the
+op set TF Serving can run, REST row-format mapping, warmup file, no optimizer state; the CLI."""
+
+import base64
+import io
+import json
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+from keras_transformer import cli
+from keras_transformer.config import DecodeConfig, ExperimentConfig
+from keras_transformer.tokenizers import SERVING_TF_TEXT_OPS
+from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, WARMUP_FILE, Translator,
+                                          export_translator, load_translator, uncompiled_copy)
+
+SENTENCES = ["Ein Mann fährt Fahrrad.", "", "  ", "Zwei Hunde spielen im Schnee.",
+             " ".join(["Wort"] * 2000), "漢字 ☃ 🙂", "Hallo"]
+BEAM_SIZE = 3
+
+# Runs in a fresh process: lists the ops TensorFlow core registers (before tensorflow_text is
+# imported), then loads the SavedModel as a user would and runs every signature.
+_RELOAD_SCRIPT = r"""
+import json, sys
+import tensorflow as tf
+from tensorflow.python.client import pywrap_tf_session
+from tensorflow.core.framework import op_def_pb2
+core_ops = op_def_pb2.OpList.FromString(
+    pywrap_tf_session.TF_GetBuffer(pywrap_tf_session.TF_GetAllOpList()))
+core_ops = sorted(op.name for op in core_ops.op)
+import tensorflow_text  # noqa: F401  every loader must register the tf-text ops first
+loaded = tf.saved_model.load(sys.argv[1])
+sentences = tf.constant(json.loads(sys.argv[2]))
+outputs = {}
+for name in json.loads(sys.argv[3]):
+    result = loaded.signatures[name](source=sentences)
+    outputs[name] = {key: value.numpy().tolist() for key, value in result.items()}
+print("RESULT" + json.dumps({"core_ops": core_ops, "outputs": outputs}, default=bytes.decode))
+"""
+
+_SAVED_MODEL_CLI = r"""
+import sys
+import tensorflow_text  # noqa: F401  saved_model_cli does not register the tf-text ops itself
+from tensorflow.python.tools import saved_model_cli
+export_dir, inputs, out_root = sys.argv[1:4]
+for signature in sys.argv[4:]:
+    sys.argv = ["saved_model_cli", "run", "--dir", export_dir, "--tag_set", "serve",
+                "--signature_def", signature, "--input_exprs", "source=" + inputs,
+                "--outdir", f"{out_root}/{signature}"]
+    try:
+        saved_model_cli.main()
+    except SystemExit as exit:
+        if exit.code:
+            raise
+"""
+
+
+@pytest.fixture(scope="module")
+def translator(random_translation_model):
+    model, tokenizer = random_translation_model
+    return Translator(model, tokenizer, tokenizer,
+                      DecodeConfig(beam_size=BEAM_SIZE, alpha=0.6, max_extra_length=8))
+
+
+@pytest.fixture(scope="module")
+def eager_outputs(translator):
+    source = tf.constant(SENTENCES)
+    functions = {"serving_default": translator, "translate_greedy": translator.translate_greedy,
+                 "translate_beam": translator.translate_beam,
+                 "translate_nbest": translator.translate_nbest}
+    return {name: {k: v.numpy() for k, v in functions[name](source).items()} for name in SIGNATURES}
+
+
+@pytest.fixture(scope="module")
+def export_dir(translator, tmp_path_factory):
+    """The translator exported from a COMPILED model with optimizer slots, which must not be
+    exported."""
+    model = translator.model
+    compiled = uncompiled_copy(model)
+    compiled.compile(optimizer="adam", loss="mse")
+    compiled.optimizer.build(compiled.trainable_variables)
+    assert compiled.optimizer.variables
+    exporting = Translator(compiled, translator.source_tokenizer, translator.target_tokenizer,
+                           translator.decode_config)
+    return export_translator(exporting, tmp_path_factory.mktemp("saved_models") / "demo" / "1")
+
+
+def graph_ops(export_dir) -> set:
+    """Every op type in the SavedModel's graph and in every function of its library."""
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((export_dir / "saved_model.pb").read_bytes())
+    ops = set()
+    for meta_graph in proto.meta_graphs:
+        ops.update(node.op for node in meta_graph.graph_def.node)
+        for function in meta_graph.graph_def.library.function:
+            ops.update(node.op for node in function.node_def)
+    return ops
+
+
+def assert_same_outputs(actual: dict, expected: dict, name: str):
+    assert sorted(actual) == sorted(expected), name
+    for key in expected:
+        want, got = np.asarray(expected[key]), np.asarray(actual[key])
+        assert got.shape == want.shape, (name, key)
+        if want.dtype == object:  # strings: exactly equal
+            assert [t if isinstance(t, bytes) else t.encode() for t in got.reshape(-1)] == list(
+                want.reshape(-1)), (name, key)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{name} {key}")
+
+
+def test_reloaded_in_fresh_process_gives_the_eager_strings(export_dir, eager_outputs):
+    result = subprocess.run(
+        [sys.executable, "-c", _RELOAD_SCRIPT, str(export_dir), json.dumps(SENTENCES),
+         json.dumps(list(SIGNATURES))], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    reloaded = json.loads(result.stdout.split("RESULT", 1)[1])
+    for name in SIGNATURES:
+        assert_same_outputs(reloaded["outputs"][name], eager_outputs[name], name)
+
+    # Every op is TensorFlow core or a tf-text op that TF Serving links.
+    unknown = graph_ops(export_dir) - set(reloaded["core_ops"]) - SERVING_TF_TEXT_OPS
+    assert not unknown, f"ops TF Serving cannot run: {sorted(unknown)}"
+    assert graph_ops(export_dir) & SERVING_TF_TEXT_OPS  # the walk did reach the tokenizer ops
+
+
+def test_saved_model_cli_runs_every_signature(export_dir, eager_outputs, tmp_path):
+    """The session-based loader of saved_model_cli (and TF Serving) finds every variable."""
+    inputs = json.dumps(SENTENCES[:4])
+    result = subprocess.run(
+        [sys.executable, "-c", _SAVED_MODEL_CLI, str(export_dir), inputs, str(tmp_path),
+         *SIGNATURES], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in SIGNATURES:
+        outputs = {p.stem: np.load(p, allow_pickle=True) for p in (tmp_path / name).glob("*.npy")}
+        expected = {k: v[:4] for k, v in eager_outputs[name].items()}
+        assert_same_outputs(outputs, expected, name)
+
+
+def test_signatures_and_assets(export_dir):
+    loaded = load_translator(export_dir)
+    assert sorted(loaded.signatures) == sorted(SIGNATURES)
+    for name in SIGNATURES:
+        signature = loaded.signatures[name]
+        assert list(signature.structured_input_signature[1]) == [SIGNATURE_INPUT]
+        spec = signature.structured_input_signature[1][SIGNATURE_INPUT]
+        assert spec.shape.as_list() == [None] and spec.dtype == tf.string
+    assert (export_dir / "assets" / "sentencepiece.model").is_file()
+
+
+def test_no_optimizer_state_and_sane_size(export_dir, translator):
+    names = [name for name, _ in tf.train.list_variables(str(export_dir / "variables" /
+                                                              "variables"))]
+    assert not [n for n in names if "optimizer" in n.lower()], names
+    parameter_bytes = 4 * sum(int(np.prod(w.shape)) for w in translator.model.weights)
+    variables_bytes = sum(p.stat().st_size for p in (export_dir / "variables").iterdir())
+    assert parameter_bytes <= variables_bytes < 1.2 * parameter_bytes + 100_000
+
+
+def rest_predict(signature, body: str) -> str:
+    """TF Serving's REST row format mapped onto a signature, as the model server does it.
+
+    `{"instances": [...]}`: each instance is the value of the single input, or an object
+    `{"source": value}`; a value `{"b64": ...}` is base64-encoded bytes. The instances are stacked
+    into one batch; every output must have the batch as its first dimension; the response is
+    `{"predictions": [...]}` with one object per instance holding every output's row.
+    """
+    instances = json.loads(body)["instances"]
+
+    def value(instance):
+        instance = instance[SIGNATURE_INPUT] if isinstance(instance, dict) and (
+            SIGNATURE_INPUT in instance) else instance
+        if isinstance(instance, dict):
+            return base64.b64decode(instance["b64"])
+        return instance.encode("utf-8")
+
+    outputs = signature(**{SIGNATURE_INPUT: tf.constant([value(i) for i in instances],
+                                                        tf.string)})
+    for key, tensor in outputs.items():
+        if tensor.shape.rank == 0 or tensor.shape[0] != len(instances):
+            raise ValueError(f"output {key} of shape {tensor.shape} is not batch-major")
+
+    def row(tensor, index):
+        item = tensor[index].numpy()
+        if tensor.dtype == tf.string:
+            return item.decode("utf-8") if isinstance(item, bytes) else [
+                t.decode("utf-8") for t in item]
+        return item.tolist()
+
+    predictions = [{key: row(tensor, i) for key, tensor in outputs.items()}
+                   for i in range(len(instances))]
+    return json.dumps({"predictions": predictions})
+
+
+def test_rest_row_format_request(export_dir, eager_outputs):
+    loaded = load_translator(export_dir)
+    instances = [SENTENCES[0], {"source": SENTENCES[1]},
+                 {"b64": base64.b64encode(SENTENCES[3].encode()).decode()}]
+    response = json.loads(rest_predict(loaded.signatures["serving_default"],
+                                       json.dumps({"instances": instances})))
+    expected = eager_outputs["serving_default"]
+    assert [set(p) for p in response["predictions"]] == [{"translation", "score"}] * 3
+    for prediction, index in zip(response["predictions"], (0, 1, 3)):
+        assert prediction["translation"] == expected["translation"][index].decode()
+        assert prediction["score"] == pytest.approx(expected["score"][index], rel=1e-5)
+
+    nbest = json.loads(rest_predict(loaded.signatures["translate_nbest"],
+                                    json.dumps({"instances": SENTENCES[:2]})))
+    assert [len(p["translations"]) for p in nbest["predictions"]] == [BEAM_SIZE] * 2
+    empty = json.loads(rest_predict(loaded.signatures["translate_greedy"], '{"instances": []}'))
+    assert empty == {"predictions": []}
+
+
+def test_warmup_requests_replay(export_dir):
+    pytest.importorskip("tensorflow_serving.apis")
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = export_dir / "assets.extra" / WARMUP_FILE
+    logs = [prediction_log_pb2.PredictionLog.FromString(record.numpy())
+            for record in tf.data.TFRecordDataset(str(path))]
+    assert [log.predict_log.request.model_spec.signature_name for log in logs] == list(SIGNATURES)
+    loaded = load_translator(export_dir)
+    for log in logs:  # as TF Serving replays them before serving the version
+        request = log.predict_log.request
+        inputs = {key: tf.make_ndarray(proto) for key, proto in request.inputs.items()}
+        outputs = loaded.signatures[request.model_spec.signature_name](**inputs)
+        assert all(t.shape[0] == len(inputs[SIGNATURE_INPUT]) for t in outputs.values())
+
+
+def test_export_refuses_an_existing_version(translator, export_dir):
+    with pytest.raises(FileExistsError, match="already exists"):
+        export_translator(translator, export_dir)
+
+
+@pytest.fixture(scope="module")
+def run_dir(random_translation_model, sentencepiece_vocab, tmp_path_factory):
+    """A training-run folder (config, weights, vocabulary) holding the random model."""
+    import shutil
+
+    model, _ = random_translation_model
+    data_config, vocab_dir = sentencepiece_vocab
+    run = tmp_path_factory.mktemp("run")
+    config = ExperimentConfig(model=model.config, data=data_config,
+                              decode=DecodeConfig(beam_size=2, max_extra_length=8))
+    config.to_yaml(run / "config.yaml")
+    model.save_weights(run / "best.weights.h5")
+    shutil.copytree(vocab_dir, run / "vocab")
+    return run
+
+
+def run_cli(argv, stdin=""):
+    out, err = io.StringIO(), io.StringIO()
+    old_stdin = sys.stdin
+    sys.stdin = io.StringIO(stdin)
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            code = cli.main(argv)
+    finally:
+        sys.stdin = old_stdin
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_export_translate_evaluate(run_dir, tmp_path):
+    models = tmp_path / "saved_models" / "demo"
+    code, out, err = run_cli(["export", "--run", str(run_dir), "--output", str(models)])
+    assert code == 0, err
+    assert (models / "1" / "saved_model.pb").is_file() and "exported" in out
+
+    lines = ["Zwei Hunde spielen im Schnee.", "", "Ein Mann fährt Fahrrad.", "Hallo"]
+    code, exported, err = run_cli(["translate", "--model", str(models / "1"), "--batch-size",
+                                   "2"], "\n".join(lines) + "\n")
+    assert code == 0, err
+    assert "translated 4/4" in err  # the progress bar
+    code, direct, err = run_cli(["translate", "--run", str(run_dir), "--quiet", "--batch-size",
+                                 "3"], "\n".join(lines) + "\n")
+    assert code == 0, err
+    assert exported == direct and len(exported.splitlines()) == len(lines)
+
+    code, _, err = run_cli(["translate", "--model", str(models / "1"), "--beam", "5"], "x\n")
+    assert code == 2 and "exported with beam size 2" in err
+    code, _, err = run_cli(["translate", "--model", str(models / "7")], "x\n")
+    assert code == 2 and "not a SavedModel" in err
+    code, _, err = run_cli(["export", "--run", str(run_dir), "--output", str(models),
+                            "--version", "1"])
+    assert code == 2 and "already exists" in err
+
+    source, reference, hypotheses = (tmp_path / name for name in ("src", "ref", "hyp"))
+    source.write_text("\n".join(lines) + "\n")
+    reference.write_text("Two dogs play in the snow.\n\nA man rides a bike.\nHello\n")
+    code, out, err = run_cli(["evaluate", "--model", str(models / "1"), "--source", str(source),
+                              "--reference", str(reference), "--output", str(hypotheses),
+                              "--quiet"])
+    assert code == 0, err
+    assert hypotheses.read_text() == exported
+    for metric in ("bleu:", "bleu_lowercase:", "chrf:", "chrf_lowercase:"):
+        assert metric in out
+    assert "case:lc" in out and "tok:13a" in out  # sacreBLEU signatures
