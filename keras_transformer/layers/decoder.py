@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from keras_transformer.layers.attention import CausalSelfAttention, CrossAttention
 from keras_transformer.layers.feed_forward import FeedForward
-from keras_transformer.layers.residual import LAYER_NORM_EPSILON
+from keras_transformer.layers.stack import LayerStack
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -93,10 +93,13 @@ class DecoderLayer(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Decoder(keras.layers.Layer):
+class Decoder(LayerStack):
     """A stack of `num_layers` DecoderLayers over embedded target tokens.
 
     As in the Encoder, the model owns the embedding; with pre-norm a final LayerNorm follows.
+
+    Args:
+        num_layers, d_model, num_heads, dff, dropout, norm: see `DecoderLayer`.
 
     Call arguments:
         x: embedded target `[batch, target_len, d_model]`.
@@ -107,67 +110,36 @@ class Decoder(keras.layers.Layer):
         `[batch, target_len, d_model]`.
     """
 
-    def __init__(self, *, num_layers, d_model, num_heads, dff, dropout=0.1, norm="post",
-                 **kwargs):
-        super().__init__(**kwargs)
-        self.num_layers = num_layers
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.dff = dff
-        self.dropout = dropout
-        self.norm = norm
-        self.decoder_layers = [
-            DecoderLayer(d_model=d_model, num_heads=num_heads, dff=dff, dropout=dropout,
-                         norm=norm, dtype=self.dtype_policy, name=f"layer_{i}")
-            for i in range(num_layers)
-        ]
-        self.final_layernorm = (
-            keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype=self.dtype_policy,
-                                            name="final_layernorm")
-            if norm == "pre" else None)
+    layer_class = DecoderLayer
 
     def build(self, x_shape, context_shape):
-        for layer in self.decoder_layers:
+        for layer in self.stack:
             layer.build(x_shape, context_shape)
-        if self.final_layernorm is not None:
-            self.final_layernorm.build(x_shape)
-        self.built = True
+        self._build_final_layernorm(x_shape)
 
     def call(self, x, context, context_mask=None, training=None):
-        for layer in self.decoder_layers:
+        for layer in self.stack:
             x = layer(x, context, context_mask=context_mask, training=training)
         return self._finish(x)
 
     def cross_attention_scores(self, x, context, context_mask=None):
         """The last layer's cross-attention weights `[batch, heads, target_len, source_len]`."""
-        for layer in self.decoder_layers[:-1]:
+        for layer in self.stack[:-1]:
             x = layer(x, context, context_mask=context_mask)
-        return self.decoder_layers[-1].cross_attention_scores(x, context, context_mask)
+        return self.stack[-1].cross_attention_scores(x, context, context_mask)
 
     def precompute_context(self, context):
         """Per layer, the cross-attention keys/values of `context` (see `DecoderLayer`)."""
-        return [layer.precompute_context(context) for layer in self.decoder_layers]
+        return [layer.precompute_context(context) for layer in self.stack]
 
     def init_cache(self, batch_size, max_length, dtype):
         """Per layer, zero self-attention caches (see `DecoderLayer.init_cache`)."""
-        return [layer.init_cache(batch_size, max_length, dtype) for layer in self.decoder_layers]
+        return [layer.init_cache(batch_size, max_length, dtype) for layer in self.stack]
 
     def step(self, x, index, caches, contexts, context_mask):
         """Decodes position `index`: `x` `[batch, 1, d_model]` -> `([batch, 1, d_model], caches)`."""
         new_caches = []
-        for layer, cache, context in zip(self.decoder_layers, caches, contexts):
+        for layer, cache, context in zip(self.stack, caches, contexts):
             x, cache = layer.step(x, index, cache, context, context_mask)
             new_caches.append(cache)
         return self._finish(x), new_caches
-
-    def _finish(self, x):
-        return x if self.final_layernorm is None else self.final_layernorm(x)
-
-    def compute_output_shape(self, x_shape, *args, **kwargs):
-        return x_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(num_layers=self.num_layers, d_model=self.d_model, num_heads=self.num_heads,
-                      dff=self.dff, dropout=self.dropout, norm=self.norm)
-        return config

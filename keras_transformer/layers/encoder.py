@@ -4,7 +4,7 @@ import keras
 
 from keras_transformer.layers.attention import GlobalSelfAttention
 from keras_transformer.layers.feed_forward import FeedForward
-from keras_transformer.layers.residual import LAYER_NORM_EPSILON
+from keras_transformer.layers.stack import LayerStack
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -52,11 +52,14 @@ class EncoderLayer(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
-class Encoder(keras.layers.Layer):
+class Encoder(LayerStack):
     """A stack of `num_layers` EncoderLayers over embedded source tokens.
 
     The embedding is not part of the stack: the model owns it, so that it can be shared with the
     decoder (section 3.4). With pre-norm a final LayerNorm normalizes the stack's output.
+
+    Args:
+        num_layers, d_model, num_heads, dff, dropout, norm: see `EncoderLayer`.
 
     Call arguments:
         x: embedded source `[batch, source_len, d_model]`.
@@ -66,44 +69,14 @@ class Encoder(keras.layers.Layer):
         `[batch, source_len, d_model]`.
     """
 
-    def __init__(self, *, num_layers, d_model, num_heads, dff, dropout=0.1, norm="post",
-                 **kwargs):
-        super().__init__(**kwargs)
-        self.num_layers = num_layers
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.dff = dff
-        self.dropout = dropout
-        self.norm = norm
-        self.encoder_layers = [
-            EncoderLayer(d_model=d_model, num_heads=num_heads, dff=dff, dropout=dropout,
-                         norm=norm, dtype=self.dtype_policy, name=f"layer_{i}")
-            for i in range(num_layers)
-        ]
-        self.final_layernorm = (
-            keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype=self.dtype_policy,
-                                            name="final_layernorm")
-            if norm == "pre" else None)
+    layer_class = EncoderLayer
 
     def build(self, input_shape):
-        for layer in self.encoder_layers:
+        for layer in self.stack:
             layer.build(input_shape)
-        if self.final_layernorm is not None:
-            self.final_layernorm.build(input_shape)
-        self.built = True
+        self._build_final_layernorm(input_shape)
 
     def call(self, x, padding_mask=None, training=None):
-        for layer in self.encoder_layers:
+        for layer in self.stack:
             x = layer(x, padding_mask=padding_mask, training=training)
-        if self.final_layernorm is not None:
-            x = self.final_layernorm(x)
-        return x
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(num_layers=self.num_layers, d_model=self.d_model, num_heads=self.num_heads,
-                      dff=self.dff, dropout=self.dropout, norm=self.norm)
-        return config
+        return self._finish(x)
