@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Reproduces one experiment end to end: train, average the last checkpoints, export, and score
+# greedy and beam search on Multi30k test_2016_flickr with sacreBLEU (detokenized, cased and
+# lowercased) and chrF. Usage: bash experiments/reproduce.sh NAME [extra --set ...]
+#   NAME: multi30k_de_en | multi30k_en_de | multi30k_en_fr (experiments/NAME.yaml)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NAME=${1:?usage: experiments/reproduce.sh NAME [--set section.key=value ...]}
+shift
+: "${KERAS_TRANSFORMER_DATA:?set KERAS_TRANSFORMER_DATA to the Multi30k folder}"
+BIN=${BIN:-.venv/bin}
+KT="$BIN/keras-transformer"
+RUN=${RUN:-runs/$NAME}
+AVERAGE=${AVERAGE:-5}
+CONFIG=experiments/$NAME.yaml
+SRC=$("$BIN/python" -c "import yaml; print(yaml.safe_load(open('$CONFIG'))['data']['source_lang'])")
+TGT=$("$BIN/python" -c "import yaml; print(yaml.safe_load(open('$CONFIG'))['data']['target_lang'])")
+
+start=$(date +%s)
+"$KT" train --config "$CONFIG" --output "$RUN" --verbose 2 "$@"
+echo "training wall time: $(( $(date +%s) - start )) s"
+
+"$KT" average --run "$RUN" --last "$AVERAGE"
+"$KT" export --run "$RUN" --weights "$RUN/average_last$AVERAGE.weights.h5" --output "saved_models/$NAME"
+MODEL=$(ls -d "saved_models/$NAME"/[0-9]* | sort -t/ -k3 -n | tail -n 1)
+
+mkdir -p "$RUN/test"
+for lang in "$SRC" "$TGT"; do
+  gzip -dc "$KERAS_TRANSFORMER_DATA/test_2016_flickr.$lang.gz" > "$RUN/test/test_2016_flickr.$lang"
+done
+# Greedy, then the export's serving_default (beam search with the config's beam and alpha).
+for search in greedy beam; do
+  echo "== $NAME test_2016_flickr, $search search, $MODEL"
+  flags=(); [ "$search" = greedy ] && flags=(--greedy)
+  "$KT" evaluate --model "$MODEL" "${flags[@]}" --quiet \
+    --source "$RUN/test/test_2016_flickr.$SRC" --reference "$RUN/test/test_2016_flickr.$TGT" \
+    --output "$RUN/test/test_2016_flickr.$search.$TGT"
+done
+echo "commit $(git rev-parse --short HEAD), command: experiments/reproduce.sh $NAME $*"
