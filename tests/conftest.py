@@ -97,8 +97,9 @@ def wordpiece_tokenizers(wordpiece_vocab):
 def random_translation_model(sentencepiece_tokenizers):
     """(model, tokenizer): a random tiny Transformer over the joint SentencePiece vocabulary.
 
-    `max_length` 24 keeps searches short. The END logit gets a bias, so that random outputs end
-    at varied lengths (instead of always at their cap) and the searches' early exits are used.
+    `max_length` 24 keeps searches short. The output layer is scaled and the END logit biased, so
+    that outputs have varied lengths (some empty, some at their cap) and the searches' early exits
+    are used.
     """
     import numpy as np
 
@@ -122,8 +123,11 @@ def random_translation_model(sentencepiece_tokenizers):
             w = rng.uniform(-limit, limit, w.shape)
         weights.append(w.astype(np.float32))
     model.set_weights(weights)
+    # Sharper output distributions (a random model's are nearly flat), and an END bias with which
+    # some outputs end after a few tokens and others run to their cap.
+    model.final_layer.kernel.assign(model.final_layer.kernel * 4.0)
     bias = model.final_layer.bias.numpy()
-    bias[END_ID] = 2.5
+    bias[END_ID] = 3.0
     model.final_layer.bias.assign(bias)
     return model, tokenizer
 
