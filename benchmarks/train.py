@@ -30,6 +30,7 @@ import time
 
 CONFIGS = {
     "reference": dict(batching="fixed64", precision="float32", tokens_per_batch=4096),
+    "bucketed_float32": dict(batching="bucketed", precision="float32", tokens_per_batch=4096),
     "best": dict(batching="bucketed", precision="mixed_bfloat16", tokens_per_batch=6144),
 }
 
@@ -82,14 +83,20 @@ def worker(args) -> dict:
     from keras_transformer import training
     from keras_transformer.config import ExperimentConfig
 
-    spec = CONFIGS[args.config]
+    spec = dict(CONFIGS[args.config])
+    for override in args.set or []:
+        key, value = override.split("=", 1)
+        spec[key] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
+    if spec.get("intra_op_threads"):
+        tf.config.threading.set_intra_op_parallelism_threads(spec["intra_op_threads"])
     config = ExperimentConfig.from_dict({
         "name": f"bench_{args.config}",
         "model": {"preset": args.preset, "share_embeddings": "all"},
         "data": {"dataset": "files", "data_dir": args.data_dir, "source_lang": "de",
                  "target_lang": "en", "vocab_size": 8000, "max_length": 128,
                  "tokens_per_batch": spec["tokens_per_batch"], "vocab_dir": args.vocab_dir},
-        "train": {"precision": spec["precision"], "warmup_steps": 4000},
+        "train": {"precision": spec["precision"], "warmup_steps": 4000,
+                  "jit_compile": spec.get("jit_compile", False)},
     })
     source_tokenizer, target_tokenizer = data_lib.load_tokenizers(config.data, args.vocab_dir)
     config = training.with_vocab_sizes(config, source_tokenizer, target_tokenizer)
@@ -170,7 +177,11 @@ def main():
     parser.add_argument("--quality-tokens", type=int, default=0,
                         help="also train each configuration on this many target tokens and "
                              "compare validation losses (0: skip)")
-    parser.add_argument("--configs", default="reference,best")
+    parser.add_argument("--configs", default="reference,best",
+                        help=f"comma-separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override a setting of every configuration run, e.g. "
+                             "tokens_per_batch=8192, intra_op_threads=1, jit_compile=true")
     parser.add_argument("--config", help=argparse.SUPPRESS)  # worker mode
     parser.add_argument("--vocab-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -192,6 +203,7 @@ def main():
                        "--data-dir", args.data_dir, "--preset", args.preset,
                        "--steps", str(args.steps), "--warmup", str(args.warmup),
                        "--quality-tokens", str(args.quality_tokens)]
+            command += [f"--set={override}" for override in args.set or []]
             output = subprocess.run(command, capture_output=True, text=True,
                                     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
             if output.returncode:
@@ -223,7 +235,11 @@ def measure_peaks() -> dict:
 def report(result: dict, peaks: dict) -> None:
     mfu32 = result["model_flops_per_second"] / peaks["float32"]
     mfu16 = result["model_flops_per_second"] / peaks["bfloat16"]
-    line = (f"{result['config']:>9}: {result['batching']}, {result['precision']}: "
+    extras = "".join(f", {k}={result[k]}" for k in ("intra_op_threads", "jit_compile")
+                     if k in result)
+    line = (f"{result['config']:>9}: {result['batching']}, {result['precision']}, "
+            + ("64 sentences/batch" if result["batching"] == "fixed64"
+               else f"{result['tokens_per_batch']} tokens/batch") + f"{extras}: "
             f"{result['target_tokens_per_second']:,.0f} target tokens/s, "
             f"{result['tokens_per_second']:,.0f} source+target tokens/s, "
             f"{result['sentences_per_second']:,.1f} sentences/s, "
