@@ -89,6 +89,8 @@ def worker(args) -> dict:
         spec[key] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
     if spec.get("intra_op_threads"):
         tf.config.threading.set_intra_op_parallelism_threads(spec["intra_op_threads"])
+    if spec.get("inter_op_threads"):
+        tf.config.threading.set_inter_op_parallelism_threads(spec["inter_op_threads"])
     config = ExperimentConfig.from_dict({
         "name": f"bench_{args.config}",
         "model": {"preset": args.preset, "share_embeddings": "all"},
@@ -235,7 +237,8 @@ def measure_peaks() -> dict:
 def report(result: dict, peaks: dict) -> None:
     mfu32 = result["model_flops_per_second"] / peaks["float32"]
     mfu16 = result["model_flops_per_second"] / peaks["bfloat16"]
-    extras = "".join(f", {k}={result[k]}" for k in ("intra_op_threads", "jit_compile")
+    extras = "".join(f", {k}={result[k]}" for k in ("intra_op_threads", "inter_op_threads",
+                                                     "jit_compile")
                      if k in result)
     line = (f"{result['config']:>9}: {result['batching']}, {result['precision']}, "
             + ("64 sentences/batch" if result["batching"] == "fixed64"

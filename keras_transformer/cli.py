@@ -81,7 +81,7 @@ def _train(args) -> int:
 def _average(args) -> int:
     from keras_transformer.training import average_checkpoints
 
-    path = average_checkpoints(args.run, args.last, args.output)
+    path = average_checkpoints(args.run_dir, args.last, args.output)
     print(f"wrote the average of the last {args.last} checkpoints to {path}")
     return 0
 
@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(run=_train)
 
     average = commands.add_parser("average", help="average the last N epoch checkpoints")
-    average.add_argument("--run", required=True, help="run folder")
+    average.add_argument("--run", dest="run_dir", required=True, help="run folder")
     average.add_argument("--last", type=int, default=5, help="how many checkpoints")
     average.add_argument("--output", help="weights file (default: RUN/average_lastN.weights.h5)")
     average.set_defaults(run=_average)

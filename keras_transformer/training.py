@@ -80,7 +80,13 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
     devices = [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
     if name == "one_device":
         return tf.distribute.OneDeviceStrategy(devices[0])
-    return tf.distribute.MirroredStrategy(devices)
+    if gpus:
+        return tf.distribute.MirroredStrategy(devices)
+    # Logical CPU devices share memory, so reducing on one of them costs nothing; the default
+    # collective all-reduce would also fail in the second MirroredStrategy of a process
+    # ("Shape mismatch in the collective instance": the instance keys of the two clash).
+    return tf.distribute.MirroredStrategy(devices,
+                                          cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
 # ----------------------------------------------------------------------------- run folder

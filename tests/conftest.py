@@ -1,5 +1,9 @@
 """Shared test fixtures: the local Multi30k folder, small sentence pairs, tiny trained vocabularies.
 
+Tokenizer objects are module-scoped, vocabularies session-scoped: `tf.random.set_seed` (called by
+`keras.utils.set_random_seed`, e.g. in `training.train`) clears TensorFlow's eager kernel cache,
+which destroys the SentencePiece resources of tokenizers loaded before it.
+
 Vocabularies are trained once per session (a 1,000-piece SentencePiece model in a few seconds,
 WordPiece on a 3,000-pair sample) and shared by every test file that asks for them.
 """
@@ -65,7 +69,7 @@ def sentencepiece_vocab(multi30k_config, tmp_path_factory):
     return config, vocab_dir
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sentencepiece_tokenizers(sentencepiece_vocab):
     """(source, target) SentencePiece tokenizers (one joint model: the same object twice)."""
     from keras_transformer.tokenizers import load_tokenizers
@@ -86,14 +90,14 @@ def wordpiece_vocab(multi30k_config, tmp_path_factory):
     return config, vocab_dir
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def wordpiece_tokenizers(wordpiece_vocab):
     from keras_transformer.tokenizers import load_tokenizers
 
     return load_tokenizers(*wordpiece_vocab)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def random_translation_model(sentencepiece_tokenizers):
     """(model, tokenizer): a random tiny Transformer over the joint SentencePiece vocabulary.
 

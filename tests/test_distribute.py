@@ -5,6 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import MaskedLabelSmoothedCrossEntropy, ModelConfig, Transformer
+from keras_transformer.training import make_strategy
 
 VOCAB = 30
 
@@ -41,7 +42,7 @@ def test_mirrored_loss_and_gradients_equal_single_device():
     reference.build()
     weights = reference.get_weights()
 
-    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    mirrored = make_strategy("mirrored")  # over the 2 logical CPUs of conftest.py
     assert mirrored.num_replicas_in_sync == 2
     single_loss, single_grads = train_one_step(tf.distribute.get_strategy(), weights)
     mirrored_loss, mirrored_grads = train_one_step(mirrored, weights)

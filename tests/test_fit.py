@@ -1,23 +1,18 @@
 """`model.fit` learns: the tiny preset overfits a few dozen real Multi30k pairs."""
 
 import gzip
-import os
 from pathlib import Path
 
 import keras
 import numpy as np
-import pytest
 
 from keras_transformer import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy, ModelConfig, Transformer
 
 
-def read_pairs(count):
-    folder = os.environ.get("KERAS_TRANSFORMER_DATA")
-    if not folder:
-        pytest.fail("KERAS_TRANSFORMER_DATA must name the Multi30k folder (make test sets it)")
+def read_pairs(folder: Path, count: int):
     lines = {}
     for lang in ("de", "en"):
-        with gzip.open(Path(folder) / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+        with gzip.open(folder / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
             lines[lang] = [next(f).strip() for _ in range(count)]
     return list(zip(lines["de"], lines["en"]))
 
@@ -31,9 +26,9 @@ def word_ids(sentences, vocab):
     return out
 
 
-def test_tiny_model_overfits_real_pairs():
+def test_tiny_model_overfits_real_pairs(multi30k_dir):
     keras.utils.set_random_seed(0)
-    pairs = read_pairs(32)
+    pairs = read_pairs(multi30k_dir, 32)
     source_vocab, target_vocab = {"": 0, "[START]": 1, "[END]": 2}, {"": 0, "[START]": 1, "[END]": 2}
     source = word_ids([de for de, _ in pairs], source_vocab)
     target = word_ids([en for _, en in pairs], target_vocab)

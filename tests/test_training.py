@@ -160,3 +160,17 @@ def test_killed_run_resumes_from_its_backup(tiny_experiment, tmp_path):
     step = int(line.split("optimizer step ")[1])
     assert epoch >= 2 and step >= 2
     assert (run_dir / "checkpoints" / "epoch_006.weights.h5").exists()
+
+
+def test_cli_average_writes_the_mean(mirrored_run, tmp_path, capsys):
+    from keras_transformer import cli
+
+    run_dir, _ = mirrored_run
+    output = tmp_path / "mean.weights.h5"
+    assert cli.main(["average", "--run", str(run_dir), "--last", "2",
+                     "--output", str(output)]) == 0
+    assert f"wrote the average of the last 2 checkpoints to {output}" in capsys.readouterr().out
+    expected = training.load_trained_model(run_dir, training.average_checkpoints(run_dir, 2))
+    for got, want in zip(training.load_trained_model(run_dir, output).get_weights(),
+                         expected.get_weights()):
+        np.testing.assert_array_equal(got, want)
