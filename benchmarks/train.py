@@ -31,7 +31,7 @@ import time
 CONFIGS = {
     "reference": dict(batching="fixed64", precision="float32", tokens_per_batch=4096),
     "bucketed_float32": dict(batching="bucketed", precision="float32", tokens_per_batch=4096),
-    "best": dict(batching="bucketed", precision="mixed_bfloat16", tokens_per_batch=6144),
+    "best": dict(batching="bucketed", precision="mixed_bfloat16", tokens_per_batch=4096),
 }
 
 
