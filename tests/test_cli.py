@@ -25,3 +25,27 @@ def test_unknown_preset_is_a_one_line_error(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("keras-transformer info: error: unknown model preset 'huge'")
     assert len(err.splitlines()) == 1
+
+
+def test_build_vocab_then_data_stats(tmp_path, multi30k_dir, capsys):
+    """The two data subcommands on a small local corpus: vocabulary files, then a report."""
+    import gzip
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split, count in (("train", 400), ("val", 50), ("test_2016_flickr", 50)):
+        for lang in ("de", "en"):
+            source = multi30k_dir / f"{split}.{lang}.gz"
+            with gzip.open(source, "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(count)]
+            (corpus / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
+    config = tmp_path / "exp.yaml"
+    config.write_text(f"data: {{dataset: files, data_dir: {corpus}, vocab_size: 600}}\n")
+    vocab = tmp_path / "vocab"
+    assert cli.main(["build-vocab", "--config", str(config), "--output", str(vocab)]) == 0
+    assert (vocab / "sentencepiece.model").is_file() and (vocab / "tokenizer.json").is_file()
+    assert "wrote sentencepiece vocabulary" in capsys.readouterr().out
+
+    assert cli.main(["data-stats", "--config", str(config), "--vocab", str(vocab)]) == 0
+    report = capsys.readouterr().out
+    assert "files de->en" in report and "400" in report and "padding" in report

@@ -95,6 +95,14 @@ def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, 
         keras.config.set_dtype_policy("float32")
 
 
+def test_gradient_accumulation_updates_once_per_accumulated_batches(tiny_experiment, tmp_path):
+    config = tiny_experiment(epochs=1, steps_per_epoch=4, accumulate_steps=2,
+                             validation_bleu_sentences=0, strategy="one_device")
+    optimizer = training.train(config, tmp_path, verbose=0).model.optimizer
+    assert optimizer.gradient_accumulation_steps == 2
+    assert int(optimizer.iterations.numpy()) == 2  # 4 batches, 2 updates
+
+
 def test_output_holding_another_run_is_refused_and_kept(mirrored_run, tiny_experiment):
     run_dir, _ = mirrored_run
     before = (run_dir / "config.yaml").read_text()
