@@ -204,6 +204,23 @@ def train_sentencepiece(sentences: Iterable[str], model_path: str | Path, vocab_
     """
     model_path = Path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _train_sentencepiece(sentences, model_path, vocab_size, max_sentences)
+    except RuntimeError as error:
+        if "Vocabulary size is smaller than required_chars" not in str(error):
+            raise
+        needed = re.search(r"(\d+) vs (\d+)", str(error))
+        raise ConfigError(f"data.vocab_size={vocab_size} is too small for the characters of the "
+                          f"training text (they alone take {needed[2] if needed else 'more'} "
+                          "pieces); raise data.vocab_size") from error
+    written = model_path.with_suffix(".model")
+    if written != model_path:
+        written.rename(model_path)
+    model_path.with_suffix(".vocab").unlink(missing_ok=True)  # a human-readable copy we do not use
+    return model_path
+
+
+def _train_sentencepiece(sentences, model_path: Path, vocab_size: int, max_sentences: int):
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences),
         model_prefix=str(model_path.with_suffix("")),
@@ -220,11 +237,6 @@ def train_sentencepiece(sentences: Iterable[str], model_path: str | Path, vocab_
         num_threads=2,
         minloglevel=2,
     )
-    written = model_path.with_suffix(".model")
-    if written != model_path:
-        written.rename(model_path)
-    model_path.with_suffix(".vocab").unlink(missing_ok=True)  # a human-readable copy we do not use
-    return model_path
 
 
 def learn_wordpiece_vocab(sentences: tf.data.Dataset, vocab_path: str | Path, vocab_size: int,

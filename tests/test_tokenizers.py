@@ -184,3 +184,12 @@ def test_model_with_other_reserved_ids_is_rejected(tmp_path, small_pairs):
         vocab_size=60, hard_vocab_limit=False, minloglevel=2)  # unk=0, bos=1, eos=2, no pad
     with pytest.raises(ValueError, match=r"default.model.*pad/bos/eos/unk ids \(-1, 1, 2, 0\)"):
         SentencePieceTokenizer(tmp_path / "default.model")
+
+
+def test_sentencepiece_vocab_smaller_than_the_alphabet_names_the_setting(tmp_path):
+    from keras_transformer.config import ConfigError
+    from keras_transformer.tokenizers import train_sentencepiece
+
+    sentences = [f"{chr(0x4E00 + i)} {chr(0x4E00 + 2 * i)} abc" for i in range(400)]
+    with pytest.raises(ConfigError, match=r"data.vocab_size=50 is too small .*raise data.vocab_size"):
+        train_sentencepiece(sentences, tmp_path / "sp.model", vocab_size=50)
