@@ -155,10 +155,12 @@ def _translate_lines(args, lines):
 
 
 def _read_lines(path) -> list[str]:
+    """The lines of a plain or .gz UTF-8 file (errors name the file and line)."""
+    from keras_transformer.data import read_lines
+
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file")
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return [line.rstrip("\n") for line in f]
+    return list(read_lines(path))
 
 
 def _translate(args) -> int:

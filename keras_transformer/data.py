@@ -62,9 +62,10 @@ def _open_binary(path: Path):
     return gzip.open(path, "rb") if gzipped else open(path, "rb")
 
 
-def _decode_lines(path: Path) -> Iterator[str]:
-    """Yields the lines of `path` without their line ending; DataError on bytes that are not UTF-8."""
-    with _open_binary(path) as f:
+def read_lines(path: str | os.PathLike) -> Iterator[str]:
+    """Yields the lines of a plain or gzip `path` without their line ending; DataError naming
+    the file and line on bytes that are not UTF-8."""
+    with _open_binary(Path(path)) as f:
         for number, raw in enumerate(f, start=1):
             try:
                 yield raw.decode("utf-8").rstrip("\r\n")
@@ -84,7 +85,7 @@ def read_parallel_lines(paths: Mapping[str, str | os.PathLike]) -> Iterator[tupl
     for path in paths.values():
         if not path.is_file():
             raise DataError(f"{path}: file not found")
-    readers = {key: _decode_lines(path) for key, path in paths.items()}
+    readers = {key: read_lines(path) for key, path in paths.items()}
     number = 0
     while True:
         lines = {key: next(reader, None) for key, reader in readers.items()}

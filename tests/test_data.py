@@ -248,3 +248,17 @@ def test_data_stats_report(sentencepiece_vocab, multi30k_dir):
     assert train["source_length"][50] <= train["source_length"][99] <= config.max_length + 100
     report = format_data_stats(stats)
     assert "[validation] 1014 pairs" in report and "padding" in report
+
+
+def test_read_lines_reads_plain_and_gzip_alike(tmp_path):
+    import gzip
+
+    from keras_transformer.data import read_lines
+
+    text = "Ein Hund.\r\nZwei Katzen.\n\nÄrger.\n"
+    (tmp_path / "a.txt").write_text(text, encoding="utf-8", newline="")
+    with gzip.open(tmp_path / "a.txt.gz", "wt", encoding="utf-8", newline="") as f:
+        f.write(text)
+    expected = ["Ein Hund.", "Zwei Katzen.", "", "Ärger."]
+    assert list(read_lines(tmp_path / "a.txt")) == expected
+    assert list(read_lines(tmp_path / "a.txt.gz")) == expected
