@@ -30,7 +30,7 @@ from keras_transformer.config import ConfigError, ExperimentConfig
 from keras_transformer.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 from keras_transformer.model import PAD_ID, Transformer
 from keras_transformer.schedules import create_optimizer
-from keras_transformer.tokenizers import Tokenizer, build_tokenizers, load_tokenizers
+from keras_transformer.tokenizers import META_FILE, Tokenizer, build_tokenizers, load_tokenizers
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def _diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 def prepare_tokenizers(config: ExperimentConfig, run_dir: Path) -> tuple[Tokenizer, Tokenizer]:
     """Loads the run's vocabularies, learning them from the training split the first time."""
     vocab_dir = Path(config.data.vocab_dir or run_dir / "vocab")
-    if (vocab_dir / "tokenizer.json").exists():
+    if (vocab_dir / META_FILE).exists():
         return load_tokenizers(config.data, vocab_dir)
     pairs = data_lib.load_pairs(config.data, config.data.train_split)
     return build_tokenizers(config.data, pairs, vocab_dir)

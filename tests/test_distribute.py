@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from keras_transformer import MaskedLabelSmoothedCrossEntropy, ModelConfig, Transformer
@@ -55,3 +56,13 @@ def test_mirrored_loss_and_gradients_equal_single_device():
     assert any(np.abs(g).max() > 1e-4 for g in single_grads)
     for single, replicated in zip(single_grads, mirrored_grads):
         np.testing.assert_allclose(replicated, single, rtol=1e-3, atol=1e-6)
+
+
+def test_split_cpu_is_idempotent_and_refuses_a_late_change():
+    from keras_transformer.config import ConfigError
+    from keras_transformer.training import split_cpu
+
+    split_cpu(2)  # what conftest.py set: nothing to do
+    assert len(tf.config.list_logical_devices("CPU")) == 2
+    with pytest.raises(ConfigError, match="cannot split the CPU into 3 logical devices"):
+        split_cpu(3)
