@@ -52,7 +52,7 @@ def length_penalty(length, alpha):
 
 
 def greedy_search(symbols_to_logits_fn, initial_state, *, batch_size, max_length, start_id=1,
-                  end_id=2, max_lengths=None):
+                  end_id=2, max_lengths=None, state_shape_invariants=None):
     """Batched greedy decoding: picks the most probable next token of every sentence.
 
     Args:
@@ -66,6 +66,8 @@ def greedy_search(symbols_to_logits_fn, initial_state, *, batch_size, max_length
         end_id: the token that finishes a sentence.
         max_lengths: optional int32 `[batch]`, per-sentence caps (the paper: source length + 50),
             clipped to [1, max_length]; a sentence that reaches its cap is finished.
+        state_shape_invariants: optional `tf.TensorShape`s in the structure of `initial_state`,
+            for state tensors whose shape changes from step to step (not under XLA).
 
     Returns:
         ids: int32 `[batch, max_length]`, the generated tokens without START, END included where
@@ -104,12 +106,15 @@ def greedy_search(symbols_to_logits_fn, initial_state, *, batch_size, max_length
         tf.zeros([batch_size], tf.bool),
         initial_state,
     )
-    _, _, output, scores, _, _ = tf.while_loop(cond, body, loop_vars)
+    _, _, output, scores, _, _ = tf.while_loop(
+        cond, body, loop_vars,
+        shape_invariants=_shape_invariants(loop_vars, state_shape_invariants))
     return output, scores
 
 
 def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, max_length,
-                alpha=0.6, start_id=1, end_id=2, max_lengths=None, num_hypotheses=1):
+                alpha=0.6, start_id=1, end_id=2, max_lengths=None, num_hypotheses=1,
+                state_shape_invariants=None):
     """Batched beam search with the GNMT length penalty; returns the n best hypotheses.
 
     Each step expands the `beam_size` alive hypotheses of a sentence by every token and keeps the
@@ -142,6 +147,8 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
         max_lengths: optional int32 `[batch]`, per-sentence caps (the paper: source length + 50),
             clipped to [1, max_length].
         num_hypotheses: int in [1, beam_size], how many hypotheses to return per sentence.
+        state_shape_invariants: optional `tf.TensorShape`s in the structure of `initial_state`
+            (batch dimension free), for state tensors whose shape changes from step to step.
 
     Returns:
         ids: int32 `[batch, num_hypotheses, max_length]`, best first, without START, END included
@@ -227,7 +234,8 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
         tf.zeros([batch_size], tf.bool),
         tf.nest.map_structure(lambda t: tile_beams(t, beam_size), initial_state),
     )
-    outputs = tf.while_loop(cond, body, loop_vars)
+    outputs = tf.while_loop(cond, body, loop_vars,
+                            shape_invariants=_shape_invariants(loop_vars, state_shape_invariants))
     finished_seq, finished_scores, finished_flags = outputs[4:7]
     flags = finished_flags[:, :num_hypotheses]  # [batch, n]
     ids = tf.where(flags[:, :, tf.newaxis], finished_seq[:, :num_hypotheses], PAD_ID)
@@ -260,6 +268,15 @@ def _argmax_and_log_prob(logits):
                         axis=-1)  # [batch]
     log_probs = -tf.math.log(tf.reduce_sum(tf.exp(logits - max_logits), axis=-1))  # [batch]
     return ids, log_probs
+
+
+def _shape_invariants(loop_vars, state_shape_invariants):
+    """`tf.while_loop` shape invariants: every loop variable keeps its shape except the state
+    (the last loop variable), which follows `state_shape_invariants` when given."""
+    if state_shape_invariants is None:
+        return None
+    return (*tf.nest.map_structure(lambda t: t.shape, loop_vars[:-1]),
+            state_shape_invariants)
 
 
 def _length_caps(max_lengths, batch_size, max_length):

@@ -112,13 +112,22 @@ class Transformer(keras.Model):
         [batch, source_len, heads, head_dim]]}` (the cross-attention keys and values)."""
         return {"source_mask": source_mask, "layers": self.decoder.precompute_context(context)}
 
-    def init_cache(self, batch_size, max_length) -> list:
+    def init_cache(self, batch_size, max_length=None) -> list:
         """The decoding state: per layer, self-attention `{"key", "value"}` caches of zeros
-        `[batch, max_length, heads, head_dim]`. Every tensor has the batch as leading dimension,
-        so that beam search can tile and reorder it."""
-        return self.decoder.init_cache(batch_size, max_length, self.compute_dtype)
+        `[batch, max_length, heads, head_dim]`, or `[batch, 0, heads, head_dim]` caches that
+        grow by one position per step when `max_length` is None (`decode_step(...,
+        growing=True)`; cheaper, but a `tf.while_loop` over them needs `cache_shape_invariants`
+        and XLA cannot compile it). Every tensor has the batch as leading dimension, so that
+        beam search can tile and reorder it."""
+        return self.decoder.init_cache(batch_size, 0 if max_length is None else max_length,
+                                       self.compute_dtype)
 
-    def decode_step(self, ids, step, state, context):
+    @staticmethod
+    def cache_shape_invariants(state) -> list:
+        """`tf.TensorShape`s for a `tf.while_loop` over growing caches: batch and length free."""
+        return tf.nest.map_structure(lambda t: tf.TensorShape([None, None, *t.shape[2:]]), state)
+
+    def decode_step(self, ids, step, state, context, growing=False):
         """One cached decoding step.
 
         Args:
@@ -126,12 +135,14 @@ class Transformer(keras.Model):
             step: int32 scalar.
             state: from `init_cache` or the previous step.
             context: from `precompute_context` (tiled to the beams for beam search).
+            growing: True for the growing caches of `init_cache(batch, None)`.
 
         Returns:
             `(logits float32 [batch, target_vocab_size], state)`: logits for position step + 1.
         """
         x = self.target_embedding(ids[:, None], start_position=step, training=False)
-        x, state = self.decoder.step(x, step, state, context["layers"], context["source_mask"])
+        x, state = self.decoder.step(x, step, state, context["layers"], context["source_mask"],
+                                     growing=growing)
         return self._logits(x[:, 0]), state
 
     def get_config(self):

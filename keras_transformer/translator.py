@@ -52,7 +52,8 @@ class Translator(tf.Module):
     Sources longer than the model's `max_length` tokens are truncated to their first
     `max_length - 1` subwords plus END (documented, never an error). Outputs are at most
     source length + `max_extra_length` tokens, capped by the model's `max_length` (section 6.1),
-    and the self-attention caches are sized to the batch's longest cap, not to `max_length`.
+    and the self-attention caches grow with the output (under XLA: sized to the batch's longest
+    cap, not to `max_length`).
 
     Args:
         model: a trained `Transformer`.
@@ -144,21 +145,34 @@ class Translator(tf.Module):
     def _greedy_search(self, source_ids, max_lengths, max_length):
         """-> ids int32 [batch, max_length], scores float32 [batch] (see decoding.greedy_search)."""
         batch_size = tf.shape(source_ids)[0]
+        cache, invariants = self._init_cache(batch_size, max_length)
         return decoding.greedy_search(
-            self._step_function(source_ids), self.model.init_cache(batch_size, max_length),
-            batch_size=batch_size, max_length=max_length, start_id=START_ID, end_id=END_ID,
-            max_lengths=max_lengths)
+            self._step_function(source_ids), cache, batch_size=batch_size,
+            max_length=max_length, start_id=START_ID, end_id=END_ID, max_lengths=max_lengths,
+            state_shape_invariants=invariants)
 
     def _beam_search(self, source_ids, max_lengths, max_length, num_hypotheses):
         """-> ids int32 [batch, n, max_length], scores float32 [batch, n] (decoding.beam_search)."""
         batch_size = tf.shape(source_ids)[0]
         beam_size = self.decode_config.beam_size
+        cache, invariants = self._init_cache(batch_size, max_length)
         return decoding.beam_search(
-            self._step_function(source_ids, beam_size),
-            self.model.init_cache(batch_size, max_length), batch_size=batch_size,
+            self._step_function(source_ids, beam_size), cache, batch_size=batch_size,
             beam_size=beam_size, max_length=max_length, alpha=self.decode_config.alpha,
             start_id=START_ID, end_id=END_ID, max_lengths=max_lengths,
-            num_hypotheses=num_hypotheses)
+            num_hypotheses=num_hypotheses, state_shape_invariants=invariants)
+
+    def _init_cache(self, batch_size, max_length):
+        """The decoder's self-attention caches and their loop shape invariants.
+
+        Without XLA the caches grow by one position per step, so attention and beam reordering
+        cost the length decoded so far (a few tokens for most sentences) instead of the longest
+        cap of the batch (source length + 50). XLA needs fixed shapes: caches of `max_length`.
+        """
+        if self.jit_compile:
+            return self.model.init_cache(batch_size, max_length), None
+        cache = self.model.init_cache(batch_size)
+        return cache, self.model.cache_shape_invariants(cache)
 
     def _step_function(self, source_ids, beam_size=1):
         """The search's `symbols_to_logits_fn`: the decoder step over the encoded source.
@@ -170,7 +184,9 @@ class Translator(tf.Module):
         memory = self.model.precompute_context(context, source_mask)
         if beam_size > 1:
             memory = tf.nest.map_structure(lambda t: decoding.tile_beams(t, beam_size), memory)
-        return lambda ids, step, state: self.model.decode_step(ids, step, state, memory)
+        growing = not self.jit_compile
+        return lambda ids, step, state: self.model.decode_step(ids, step, state, memory,
+                                                               growing=growing)
 
 
 def _round_up(value, multiple, limit):

@@ -1,5 +1,6 @@
 """Tests of greedy and beam search, driven by scripted and random step functions (no model)."""
 
+import functools
 import itertools
 
 import numpy as np
@@ -361,6 +362,36 @@ def test_step_function_may_capture_tiled_invariants():
     ids, scores = search(captured_step, {"history": state["history"]}, **kwargs)
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_array_equal(scores, expected_scores)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_growing_state_equals_fixed_state(search):
+    """A state that grows by one column per step (with shape invariants, as the decoder's
+    growing caches do) gives what the same prefix kept in a fixed-length buffer gives."""
+    vocab_size, max_length, batch_size = 6, 5, 3
+    step_fn = TableStep(7, vocab_size, max_length)
+    fixed_state = step_fn.initial_state(batch_size)
+
+    def growing_step(ids, step, state):
+        history = state["history"]  # [batch, step]: the tokens fed before this step
+        padded = tf.pad(history, [[0, 0], [0, max_length - step]])
+        logits, _ = step_fn(ids, step, {"history": padded, "sentence": state["sentence"]})
+        return logits, {"history": tf.concat([history, ids[:, None]], axis=1),
+                        "sentence": state["sentence"]}
+
+    growing_state = {"history": tf.zeros([batch_size, 0], tf.int32),
+                     "sentence": fixed_state["sentence"]}
+    invariants = {"history": tf.TensorShape([None, None]), "sentence": tf.TensorShape([None])}
+    if search == "greedy":
+        run = tf.function(functools.partial(decoding.greedy_search, batch_size=batch_size,
+                                            max_length=max_length))
+    else:
+        run = tf.function(functools.partial(decoding.beam_search, batch_size=batch_size,
+                                            beam_size=3, max_length=max_length, num_hypotheses=3))
+    expected_ids, expected_scores = run(step_fn, fixed_state)
+    ids, scores = run(growing_step, growing_state, state_shape_invariants=invariants)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
 
 
 def test_beam_argument_checks():

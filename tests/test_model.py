@@ -1,5 +1,7 @@
 """The Transformer model: shapes, masks, weight sharing, parameter count, saving, decoding API."""
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -122,15 +124,18 @@ def test_keras_save_and_load(tmp_path):
     np.testing.assert_array_equal(loaded(batch).numpy(), logits)
 
 
-def test_cached_decode_steps_equal_teacher_forcing(model):
+@pytest.mark.parametrize("growing", [False, True])
+def test_cached_decode_steps_equal_teacher_forcing(model, growing):
     source, target = random_batch(seed=3)
     full = model((source, target)).numpy()
     context, mask = model.encode(source)
     memory = model.precompute_context(context, mask)
-    state = model.init_cache(3, max_length=12)
-    step_fn = tf.function(model.decode_step)
+    state = model.init_cache(3, max_length=None if growing else 12)
+    step_fn = functools.partial(model.decode_step, growing=growing)  # eager: shapes may change
     for t in range(target.shape[1]):
         logits, state = step_fn(tf.constant(target[:, t]), tf.constant(t), state, memory)
+        if growing:
+            assert [cache["key"].shape[1] for cache in state] == [t + 1] * len(state)
         real = target[:, t] != 0
         np.testing.assert_allclose(logits.numpy()[real], full[real, t], atol=1e-4)
 

@@ -119,26 +119,36 @@ class CausalSelfAttention(BaseAttention):
         return self._residual(
             x, lambda h: self.mha(h, h, use_causal_mask=True, training=training), training)
 
-    def step(self, x, cache_key, cache_value, index):
-        """One decoding step with a fixed-length key/value cache.
+    def step(self, x, cache_key, cache_value, index, growing=False):
+        """One decoding step with a key/value cache.
 
         Args:
             x: `[batch, 1, d_model]`, the input at position `index`.
-            cache_key, cache_value: `[batch, max_len, heads, head_dim]`, filled for positions
-                `< index`.
+            cache_key, cache_value: `[batch, cache_len, heads, head_dim]`. A fixed-length cache
+                (`growing=False`, the shape XLA needs) is filled for positions `< index` and
+                position `index` is written into it; a growing cache holds exactly the
+                positions `< index` and the new one is appended, so attention and beam
+                reordering cost what the sentence has produced, not what it might.
             index: int32 scalar, the current position.
 
         Returns:
-            `(y [batch, 1, d_model], cache_key, cache_value)` with position `index` written.
+            `(y [batch, 1, d_model], cache_key, cache_value)` with position `index` included.
         """
-        max_len = ops.shape(cache_key)[1]
-        attention_mask = (tf.range(max_len) <= index)[None, None, :]  # [1, 1, max_len]
+        if growing:
+            attention_mask = None  # every cached position precedes or is the query's
+        else:
+            max_len = ops.shape(cache_key)[1]
+            attention_mask = (tf.range(max_len) <= index)[None, None, :]  # [1, 1, max_len]
         caches = {}
 
         def attend(h):
             key, value = self.mha.project_key_value(h)  # [batch, 1, heads, head_dim]
-            caches["key"] = write_position(cache_key, key, index)
-            caches["value"] = write_position(cache_value, value, index)
+            if growing:
+                caches["key"] = tf.concat([cache_key, key], axis=1)
+                caches["value"] = tf.concat([cache_value, value], axis=1)
+            else:
+                caches["key"] = write_position(cache_key, key, index)
+                caches["value"] = write_position(cache_value, value, index)
             return self.mha.attend(h, caches["key"], caches["value"], attention_mask)
 
         y = self._residual(x, attend, training=False)

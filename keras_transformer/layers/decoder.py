@@ -59,12 +59,13 @@ class DecoderLayer(keras.layers.Layer):
 
     def init_cache(self, batch_size, max_length, dtype):
         """Zero self-attention caches `{"key", "value"}`, each `[batch, max_length, heads,
-        head_dim]`, written one position per decoding step."""
+        head_dim]`, written one position per decoding step (`max_length` 0: a growing cache,
+        see `CausalSelfAttention.step`)."""
         shape = [batch_size, max_length, self.num_heads, self.d_model // self.num_heads]
         zeros = tf.zeros(shape, dtype=dtype)
         return {"key": zeros, "value": zeros}
 
-    def step(self, x, index, cache, context, context_mask):
+    def step(self, x, index, cache, context, context_mask, growing=False):
         """Decodes position `index`.
 
         Args:
@@ -73,11 +74,14 @@ class DecoderLayer(keras.layers.Layer):
             cache: this layer's self-attention cache (`init_cache`), filled below `index`.
             context: this layer's `precompute_context`.
             context_mask: bool `[batch, source_len]`.
+            growing: whether `cache` grows by one position per step (see
+                `CausalSelfAttention.step`) or has a fixed length.
 
         Returns:
             `([batch, 1, d_model], cache)` with position `index` written into the cache.
         """
-        x, key, value = self.causal_self_attention.step(x, cache["key"], cache["value"], index)
+        x, key, value = self.causal_self_attention.step(x, cache["key"], cache["value"], index,
+                                                        growing=growing)
         x = self.cross_attention.step(x, context["key"], context["value"], context_mask)
         x = self.ffn(x, training=False)
         return x, {"key": key, "value": value}
@@ -136,10 +140,10 @@ class Decoder(LayerStack):
         """Per layer, zero self-attention caches (see `DecoderLayer.init_cache`)."""
         return [layer.init_cache(batch_size, max_length, dtype) for layer in self.stack]
 
-    def step(self, x, index, caches, contexts, context_mask):
+    def step(self, x, index, caches, contexts, context_mask, growing=False):
         """Decodes position `index`: `x` `[batch, 1, d_model]` -> `([batch, 1, d_model], caches)`."""
         new_caches = []
         for layer, cache, context in zip(self.stack, caches, contexts):
-            x, cache = layer.step(x, index, cache, context, context_mask)
+            x, cache = layer.step(x, index, cache, context, context_mask, growing=growing)
             new_caches.append(cache)
         return self._finish(x), new_caches
