@@ -52,20 +52,57 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         """Per-token losses `[batch, length]` (padding included; `__call__` weights it by 0)."""
-        y_true = ops.cast(y_true, "int32")
-        logits = ops.cast(y_pred, "float32")
-        log_normalizer = ops.logsumexp(logits, axis=-1)  # [batch, length]
-        true_logit = ops.squeeze(
-            ops.take_along_axis(logits, y_true[..., None], axis=-1), axis=-1)  # [batch, length]
-        loss = log_normalizer - (1.0 - self.label_smoothing) * true_logit
-        if self.label_smoothing:
-            loss = loss - self.label_smoothing * ops.mean(logits, axis=-1)
-        return loss
+        return label_smoothed_cross_entropy(
+            tf.cast(y_true, tf.int32), tf.cast(y_pred, tf.float32), self.label_smoothing)
 
     def get_config(self):
         config = super().get_config()
         config.pop("reduction", None)
         return {**config, "label_smoothing": self.label_smoothing, "pad_id": self.pad_id}
+
+
+def label_smoothed_cross_entropy(labels, logits, epsilon):
+    """-sum_v q_v log softmax(logits)_v with q = (1 - epsilon) one_hot(labels) + epsilon / vocab.
+
+    The loss and its gradient softmax(logits) - q come from TensorFlow's fused sparse
+    cross-entropy kernel (one pass over the logits for both) plus the smoothing term
+    epsilon * (z_y - mean(z)), whose gradient is added by hand: autodiff through logsumexp,
+    the gather and the mean would write several more `[tokens, vocab]` float32 tensors, and at
+    vocab 8000 those passes are a large part of a small model's training step.
+
+    Args:
+        labels: int32 `[...]`, ids in [0, vocab).
+        logits: float32 `[..., vocab]`.
+        epsilon: label smoothing (Python float).
+
+    Returns:
+        float32 `[...]` losses.
+    """
+    shape = tf.shape(labels)
+    vocab_size = tf.shape(logits)[-1]
+    flat_labels = tf.reshape(labels, [-1])
+
+    @tf.custom_gradient
+    def fused(flat_logits):
+        loss, backprop = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
+            features=flat_logits, labels=flat_labels)  # [n], [n, vocab] = softmax - one_hot
+        if epsilon:
+            true_logit = tf.gather(flat_logits, flat_labels, batch_dims=1)  # [n]
+            loss += epsilon * (true_logit - tf.reduce_mean(flat_logits, axis=-1))
+
+        def grad(upstream):  # [n]
+            gradient = backprop * upstream[:, None]
+            if epsilon:
+                # d/dz of epsilon * (z_y - mean(z)): +epsilon at the label, -epsilon / vocab.
+                gradient -= (epsilon / tf.cast(vocab_size, tf.float32)) * upstream[:, None]
+                indices = tf.stack([tf.range(tf.shape(flat_labels)[0]), flat_labels], axis=1)
+                gradient = tf.tensor_scatter_nd_add(gradient, indices, epsilon * upstream)
+            return gradient
+
+        return loss, grad
+
+    losses = fused(tf.reshape(logits, [-1, vocab_size]))
+    return tf.reshape(losses, shape)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from keras_transformer import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 
@@ -40,6 +41,40 @@ def test_matches_keras_categorical_crossentropy_with_smoothing():
         np.eye(logits.shape[-1])[labels[mask]], logits[mask])
     ours = MaskedLabelSmoothedCrossEntropy(label_smoothing=0.1)(labels, logits)
     np.testing.assert_allclose(float(ours), float(keras_loss), rtol=1e-5)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_gradient_matches_autodiff_of_the_one_hot_formula(epsilon):
+    """The hand-written gradient (fused kernel + smoothing term) equals autodiff of the textbook
+    loss, padding and per-sentence weights included, also in a graph with unknown shapes."""
+    labels, logits = example(seed=4, vocab=13)
+    weights = np.array([0.5, 2.0], np.float32)
+    vocab = logits.shape[-1]
+    q = tf.constant(np.eye(vocab)[labels] * (1 - epsilon) + epsilon / vocab, tf.float32)
+    mask = tf.constant(labels != 0, tf.float32) * weights[:, None]
+
+    def reference_loss(z):
+        per_token = -tf.reduce_sum(q * tf.nn.log_softmax(z), axis=-1)
+        return tf.reduce_sum(per_token * mask) / tf.reduce_sum(mask)  # weighted token mean
+
+    loss_fn = MaskedLabelSmoothedCrossEntropy(label_smoothing=epsilon)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, None], tf.float32)])
+    def ours(z):
+        with tf.GradientTape() as tape:
+            tape.watch(z)
+            loss = loss_fn(labels, z, sample_weight=weights)
+        return loss, tape.gradient(loss, z)
+
+    z = tf.constant(logits)
+    with tf.GradientTape() as tape:
+        tape.watch(z)
+        expected_loss = reference_loss(z)
+    expected_gradient = tape.gradient(expected_loss, z)
+    loss, gradient = ours(z)
+    np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
+    np.testing.assert_allclose(gradient.numpy(), expected_gradient.numpy(), atol=1e-6)
+    assert np.all(gradient.numpy()[labels == 0] == 0)
 
 
 def test_zero_epsilon_equals_sparse_crossentropy():
