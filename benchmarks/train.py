@@ -96,7 +96,8 @@ def worker(args) -> dict:
         "model": {"preset": args.preset, "share_embeddings": "all"},
         "data": {"dataset": "files", "data_dir": args.data_dir, "source_lang": "de",
                  "target_lang": "en", "vocab_size": 8000, "max_length": 128,
-                 "tokens_per_batch": spec["tokens_per_batch"], "vocab_dir": args.vocab_dir},
+                 "tokens_per_batch": spec["tokens_per_batch"], "vocab_dir": args.vocab_dir,
+                 "bucket_step": spec.get("bucket_step", 8)},
         "train": {"precision": spec["precision"], "warmup_steps": 4000,
                   "jit_compile": spec.get("jit_compile", False)},
     })
@@ -114,8 +115,12 @@ def worker(args) -> dict:
 
     result = {"config": args.config, **spec}
     steps = args.warmup + args.steps
+    # distinct=N cycles the first N batches: with jit_compile, a warmup of at least N steps
+    # then compiles every shape the timed steps use (XLA compiles once per shape).
+    distinct = spec.get("distinct") or steps
     batches = [(tuple(x.numpy() for x in inputs), y.numpy())
-               for inputs, y in dataset.repeat().take(steps)]
+               for inputs, y in dataset.repeat().take(distinct)]
+    batches = [batches[i % distinct] for i in range(steps)]
     timed = batches[args.warmup:]
     source = [b[0][0] for b in timed]
     target = [b[1] for b in timed]
@@ -183,7 +188,8 @@ def main():
                         help=f"comma-separated, of {', '.join(CONFIGS)}")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a setting of every configuration run, e.g. "
-                             "tokens_per_batch=8192, intra_op_threads=1, jit_compile=true")
+                             "tokens_per_batch=8192, intra_op_threads=1, jit_compile=true, "
+                             "bucket_step=16, distinct=20 (cycle the first 20 batches)")
     parser.add_argument("--config", help=argparse.SUPPRESS)  # worker mode
     parser.add_argument("--vocab-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -238,7 +244,7 @@ def report(result: dict, peaks: dict) -> None:
     mfu32 = result["model_flops_per_second"] / peaks["float32"]
     mfu16 = result["model_flops_per_second"] / peaks["bfloat16"]
     extras = "".join(f", {k}={result[k]}" for k in ("intra_op_threads", "inter_op_threads",
-                                                     "jit_compile")
+                                                     "jit_compile", "bucket_step", "distinct")
                      if k in result)
     line = (f"{result['config']:>9}: {result['batching']}, {result['precision']}, "
             + ("64 sentences/batch" if result["batching"] == "fixed64"

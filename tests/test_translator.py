@@ -185,3 +185,14 @@ def test_output_length_is_capped_by_source_length(random_translation_model):
     source_lengths = (source_ids.numpy() != PAD_ID).sum(axis=1)
     generated = (ids.numpy() != PAD_ID).sum(axis=1)
     assert (generated <= source_lengths + 1).all() and ids.shape[1] == max(source_lengths) + 1
+
+
+@pytest.mark.parametrize("function", ["translate_greedy", "translate_beam"])
+def test_decoding_loop_reads_no_variables(translator, function):
+    """The loop body sees weights read once per batch: no ReadVariableOp at every step."""
+    graph = getattr(translator, function).get_concrete_function().graph
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    bodies = [f for name, f in library.items() if "while_body" in name]
+    assert bodies
+    for body in bodies:
+        assert "ReadVariableOp" not in {node.op for node in body.node_def}, body.signature.name
