@@ -174,20 +174,33 @@ def build_compiled_state(model: Transformer, batches: tf.data.Dataset) -> None:
     model.optimizer.build(model.trainable_variables)
 
 
-def apply_multi_worker_workarounds(model: Transformer) -> None:
-    """Works around two Keras 3.15 bugs of `fit` under MultiWorkerMirroredStrategy.
+def skip_symbolic_build(model: Transformer) -> None:
+    """Stops Keras 3.15 from re-building a built model from a distributed batch in every
+    `fit` and `evaluate` (so once per epoch for the validation data).
 
-    1. `fit` reduces its first distributed batch across workers for a symbolic build ("Attempt
-       to convert a value (PerReplica...)"), even when the model, loss, metrics and optimizer
-       are built; after `build_compiled_state` there is nothing to build, so the step is skipped.
-    2. The trainer averages each step's logs across workers with `strategy.reduce("MEAN", v,
-       axis=0)`, which fails on scalars ("Invalid reduction dimension 0 for input with 0
-       dimensions", tensorflow/tensorflow#72388): the steps return 1-element vectors instead,
-       which that reduction turns back into scalars.
-    Both touch Keras internals (a private method, the trainer's reduction), hence isolated here
-    and covered by the multi-worker test.
+    Under any distribution strategy `_maybe_symbolic_build` opens an iterator over the data,
+    takes one distributed batch, reduces it across replicas and abandons the iterator, whose
+    pending reads are then cancelled ("Local rendezvous is aborting ... GetNextFromShard was
+    cancelled"). Under MirroredStrategy on 2 CPU devices this hung a Multi30k run for good at
+    the start of epoch 11's validation (every thread waiting on a futex); under
+    MultiWorkerMirroredStrategy it fails outright ("Attempt to convert a value
+    (PerReplica...)"). After `build_compiled_state` the model, loss, metrics and optimizer are
+    built, so there is nothing to build: the step is skipped. This touches a private Keras
+    method, hence isolated here and covered by the 2-replica and multi-worker tests.
     """
     model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
+
+
+def apply_multi_worker_workarounds(model: Transformer) -> None:
+    """Works around a Keras 3.15 bug of `fit` under MultiWorkerMirroredStrategy.
+
+    The trainer averages each step's logs across workers with `strategy.reduce("MEAN", v,
+    axis=0)`, which fails on scalars ("Invalid reduction dimension 0 for input with 0
+    dimensions", tensorflow/tensorflow#72388): the steps return 1-element vectors instead,
+    which that reduction turns back into scalars. This touches the trainer's reduction, hence
+    isolated here and covered by the multi-worker test. (`skip_symbolic_build` is applied
+    under every distribution strategy.)
+    """
     train_step, test_step = model.train_step, model.test_step
 
     def as_vectors(logs):
@@ -301,6 +314,7 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
         with strategy.scope():
             model = build_model(config)
             build_compiled_state(model, validation_batches)
+            skip_symbolic_build(model)
             if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
                 apply_multi_worker_workarounds(model)
         validation_callback = None
