@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_transformer import data as data_lib
 from keras_transformer import training
 from keras_transformer.config import ConfigError, ExperimentConfig
+from keras_transformer.tokenizers import load_tokenizers
 
 
 def read_events(folder: Path) -> dict:
@@ -46,6 +48,13 @@ def test_mirrored_run_writes_checkpoints_config_and_logs(mirrored_run):
                                     "tokens_per_second"}
     assert all(np.isfinite(history.history["loss"]))
     assert history.history["tokens_per_second"][-1] > 0
+    # Validation reads exactly one pass of a repeated stream per evaluation.
+    config = saved.data
+    source_tokenizer, target_tokenizer = load_tokenizers(config, config.vocab_dir)
+    one_pass = data_lib.batch_stats(data_lib.make_batches(
+        data_lib.load_pairs(config, config.validation_split), source_tokenizer, target_tokenizer,
+        config, training=False, num_replicas=2)).target_tokens
+    assert history.history["val_target_tokens"] == [one_pass, one_pass]
 
 
 def test_tensorboard_has_loss_learning_rate_bleu_and_translations(mirrored_run):
