@@ -11,8 +11,8 @@ from keras_transformer.model import PAD_ID
 class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
     """Cross-entropy against (1 - epsilon) * one_hot(y) + epsilon / vocab, padding ignored.
 
-    Uses -sum_v q_v log p_v = logsumexp(z) - (1 - epsilon) z_y - epsilon mean_v(z), so neither a
-    one-hot `[batch, length, vocab]` tensor nor the full log-softmax is materialized.
+    Computed by `label_smoothed_cross_entropy` (fused kernel, hand-written gradient): no one-hot
+    `[batch, length, vocab]` tensor and no log-softmax is materialized.
 
     The result is the mean over the real (non-padding) target tokens of the global batch. Under a
     distribution strategy each replica weights its per-token losses by 1 / (tokens in all

@@ -170,10 +170,14 @@ class Translator(tf.Module):
         cost the length decoded so far (a few tokens for most sentences) instead of the longest
         cap of the batch (source length + 50). XLA needs fixed shapes: caches of `max_length`.
         """
-        if self.jit_compile:
+        if not self._growing_caches:
             return self.model.init_cache(batch_size, max_length), None
         cache = self.model.init_cache(batch_size)
         return cache, self.model.cache_shape_invariants(cache)
+
+    @property
+    def _growing_caches(self) -> bool:
+        return not self.jit_compile
 
     def _step_function(self, source_ids, beam_size=1):
         """The search's `symbols_to_logits_fn`: the decoder step over the encoded source.
@@ -185,7 +189,7 @@ class Translator(tf.Module):
         memory = self.model.precompute_context(context, source_mask)
         if beam_size > 1:
             memory = tf.nest.map_structure(lambda t: decoding.tile_beams(t, beam_size), memory)
-        growing = not self.jit_compile
+        growing = self._growing_caches
         # Every weight is read once per batch, here, instead of once per step inside the loop
         # (about 90 ReadVariableOps per step for the tutorial model): in a stateless scope the
         # layers see these tensors in place of their variables.
