@@ -8,7 +8,7 @@ The search knows nothing about the model. It drives a step function
     step:   int32 scalar, the position of `ids`.
     state:  a nested structure (dicts, lists) of tensors whose leading dimension is the batch,
             e.g. the decoder's self-attention key/value caches preallocated at a fixed length
-            `[batch, max_length, heads, head_dim]` and written at `step`, the cross-attention
+            `[batch, heads, max_length, head_dim]` and written at `step`, the cross-attention
             keys/values computed once from the encoder output, and the source padding mask.
     logits: `[batch, vocab]`, scores of the token at position `step + 1` (cast to float32 here).
 

@@ -109,12 +109,12 @@ class Transformer(keras.Model):
     def precompute_context(self, context, source_mask) -> dict:
         """What every decoding step reads but never changes, computed once per batch:
         `{"source_mask": bool [batch, source_len], "layers": [per layer {"key", "value"}
-        [batch, source_len, heads, head_dim]]}` (the cross-attention keys and values)."""
+        [batch, heads, source_len, head_dim]]}` (the cross-attention keys and values)."""
         return {"source_mask": source_mask, "layers": self.decoder.precompute_context(context)}
 
     def init_cache(self, batch_size, max_length=None) -> list:
         """The decoding state: per layer, self-attention `{"key", "value"}` caches of zeros
-        `[batch, max_length, heads, head_dim]`, or `[batch, 0, heads, head_dim]` caches that
+        `[batch, heads, max_length, head_dim]`, or `[batch, heads, 0, head_dim]` caches that
         grow by one position per step when `max_length` is None (`decode_step(...,
         growing=True)`; cheaper, but a `tf.while_loop` over them needs `cache_shape_invariants`
         and XLA cannot compile it). Every tensor has the batch as leading dimension, so that
@@ -125,7 +125,8 @@ class Transformer(keras.Model):
     @staticmethod
     def cache_shape_invariants(state) -> list:
         """`tf.TensorShape`s for a `tf.while_loop` over growing caches: batch and length free."""
-        return tf.nest.map_structure(lambda t: tf.TensorShape([None, None, *t.shape[2:]]), state)
+        return tf.nest.map_structure(
+            lambda t: tf.TensorShape([None, t.shape[1], None, t.shape[3]]), state)
 
     def decode_step(self, ids, step, state, context, growing=False):
         """One cached decoding step.

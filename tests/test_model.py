@@ -135,7 +135,7 @@ def test_cached_decode_steps_equal_teacher_forcing(model, growing):
     for t in range(target.shape[1]):
         logits, state = step_fn(tf.constant(target[:, t]), tf.constant(t), state, memory)
         if growing:
-            assert [cache["key"].shape[1] for cache in state] == [t + 1] * len(state)
+            assert [cache["key"].shape[2] for cache in state] == [t + 1] * len(state)
         real = target[:, t] != 0
         np.testing.assert_allclose(logits.numpy()[real], full[real, t], atol=1e-4)
 

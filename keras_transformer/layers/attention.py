@@ -25,16 +25,32 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
     """
 
     def project_key_value(self, x):
-        """`[batch, length, d_model]` -> key and value, each `[batch, length, heads, head_dim]`."""
-        return self._key_dense(x), self._value_dense(x)
+        """`[batch, length, d_model]` -> key and value, each head-major
+        `[batch, heads, length, head_dim]`: the layout the attention matmuls read, so a cache
+        is never transposed again at each step (Keras' einsums would copy it every time)."""
+        return (tf.transpose(self._key_dense(x), [0, 2, 1, 3]),
+                tf.transpose(self._value_dense(x), [0, 2, 1, 3]))
 
     def attend(self, query, key, value, attention_mask=None):
         """Attends from `query` `[batch, q_len, d_model]` to projected `key`/`value`
-        `[batch, kv_len, heads, head_dim]`; `attention_mask` bool broadcastable to
-        `[batch, q_len, kv_len]`. Returns `[batch, q_len, d_model]`. Inference only (no dropout)."""
-        query = self._query_dense(query)  # [batch, q_len, heads, head_dim]
-        output, _ = self._compute_attention(query, key, value, attention_mask, training=False)
+        `[batch, heads, kv_len, head_dim]`; `attention_mask` bool broadcastable to
+        `[batch, q_len, kv_len]`. Returns `[batch, q_len, d_model]`. Inference only (no dropout).
+
+        The arithmetic of Keras' `dot_product_attention` (scaled float32 logits, masked
+        positions at the dtype's large negative, float32 softmax), as batched matmuls.
+        """
+        query = tf.transpose(self._query_dense(query), [0, 2, 1, 3])  # [batch, heads, q, dim]
+        logits = tf.matmul(query, key, transpose_b=True)  # [batch, heads, q_len, kv_len]
+        logits = tf.cast(logits, "float32") * self._inverse_sqrt_key_dim
+        if attention_mask is not None:
+            logits = tf.where(attention_mask[:, None], logits, _LARGE_NEGATIVE)
+        probs = tf.cast(tf.nn.softmax(logits), value.dtype)
+        output = tf.transpose(tf.matmul(probs, value), [0, 2, 1, 3])  # [batch, q_len, heads, dim]
         return self._output_dense(output)
+
+
+# What keras.ops.dot_product_attention fills masked float32 logits with.
+_LARGE_NEGATIVE = -0.7 * 3.38953e38
 
 
 class BaseAttention(keras.layers.Layer):
@@ -124,7 +140,7 @@ class CausalSelfAttention(BaseAttention):
 
         Args:
             x: `[batch, 1, d_model]`, the input at position `index`.
-            cache_key, cache_value: `[batch, cache_len, heads, head_dim]`. A fixed-length cache
+            cache_key, cache_value: `[batch, heads, cache_len, head_dim]`. A fixed-length cache
                 (`growing=False`, the shape XLA needs) is filled for positions `< index` and
                 position `index` is written into it; a growing cache holds exactly the
                 positions `< index` and the new one is appended, so attention and beam
@@ -137,15 +153,15 @@ class CausalSelfAttention(BaseAttention):
         if growing:
             attention_mask = None  # every cached position precedes or is the query's
         else:
-            max_len = ops.shape(cache_key)[1]
+            max_len = ops.shape(cache_key)[2]
             attention_mask = (tf.range(max_len) <= index)[None, None, :]  # [1, 1, max_len]
         caches = {}
 
         def attend(h):
-            key, value = self.mha.project_key_value(h)  # [batch, 1, heads, head_dim]
+            key, value = self.mha.project_key_value(h)  # [batch, heads, 1, head_dim]
             if growing:
-                caches["key"] = tf.concat([cache_key, key], axis=1)
-                caches["value"] = tf.concat([cache_value, value], axis=1)
+                caches["key"] = tf.concat([cache_key, key], axis=2)
+                caches["value"] = tf.concat([cache_value, value], axis=2)
             else:
                 caches["key"] = write_position(cache_key, key, index)
                 caches["value"] = write_position(cache_value, value, index)
@@ -190,7 +206,7 @@ class CrossAttention(BaseAttention):
 
         Args:
             x: `[batch, 1, d_model]`.
-            key, value: `[batch, source_len, heads, head_dim]` from `mha.project_key_value`.
+            key, value: `[batch, heads, source_len, head_dim]` from `mha.project_key_value`.
             context_mask: bool `[batch, source_len]`.
         """
         return self._residual(
@@ -198,11 +214,13 @@ class CrossAttention(BaseAttention):
 
 
 def write_position(cache, update, index):
-    """Writes `update` `[batch, 1, ...]` into `cache` `[batch, max_len, ...]` at `index`.
+    """Writes `update` `[batch, heads, 1, head_dim]` into `cache` `[batch, heads, max_len,
+    head_dim]` at position `index`.
 
     A scatter keeps the cache's shape fixed, which `tf.while_loop` under XLA needs, and uses
     only core TensorFlow ops, which TF Serving needs.
     """
-    batch = tf.shape(cache)[0]
-    indices = tf.stack([tf.range(batch), tf.fill([batch], index)], axis=1)  # [batch, 2]
-    return tf.tensor_scatter_nd_update(cache, indices, update[:, 0])
+    batch, heads = tf.shape(cache)[0], tf.shape(cache)[1]
+    rows, head = tf.meshgrid(tf.range(batch), tf.range(heads), indexing="ij")  # [batch, heads]
+    indices = tf.stack([rows, head, tf.fill(tf.shape(rows), index)], axis=-1)  # [batch, heads, 3]
+    return tf.tensor_scatter_nd_update(cache, indices, update[:, :, 0])

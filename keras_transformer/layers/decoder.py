@@ -53,15 +53,15 @@ class DecoderLayer(keras.layers.Layer):
 
     def precompute_context(self, context):
         """The cross-attention keys and values of the encoder output, computed once per batch:
-        `{"key", "value"}`, each `[batch, source_len, heads, head_dim]`."""
+        `{"key", "value"}`, each `[batch, heads, source_len, head_dim]`."""
         key, value = self.cross_attention.mha.project_key_value(context)
         return {"key": key, "value": value}
 
     def init_cache(self, batch_size, max_length, dtype):
-        """Zero self-attention caches `{"key", "value"}`, each `[batch, max_length, heads,
+        """Zero self-attention caches `{"key", "value"}`, each `[batch, heads, max_length,
         head_dim]`, written one position per decoding step (`max_length` 0: a growing cache,
         see `CausalSelfAttention.step`)."""
-        shape = [batch_size, max_length, self.num_heads, self.d_model // self.num_heads]
+        shape = [batch_size, self.num_heads, max_length, self.d_model // self.num_heads]
         zeros = tf.zeros(shape, dtype=dtype)
         return {"key": zeros, "value": zeros}
 
