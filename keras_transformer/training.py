@@ -16,6 +16,7 @@ A run folder holds everything the run made and needs to resume:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -192,6 +193,33 @@ def skip_symbolic_build(model: Transformer) -> None:
     model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
 
 
+def keep_validation_iterator(model: Transformer) -> None:
+    """Makes `fit` read validation from one iterator for the whole run.
+
+    Keras 3.15's `evaluate` resets its cached validation iterator at every call, dropping the
+    distributed iterator of the previous evaluation; destroying it cancels its pending reads,
+    and under MirroredStrategy on 2 CPU devices the trainer then sat idle for about 60 s at the
+    start of most validations (py-spy: `EpochIterator.reset`, every thread asleep). `train`
+    validates on a repeated stream with `validation_steps` = one pass, so the next evaluation
+    can simply continue the same iterator: reset here forgets the step count and keeps it.
+    This touches a private Keras attribute, hence isolated here and covered by a test.
+    """
+    evaluate = model.evaluate
+
+    def evaluate_on_kept_iterator(*args, **kwargs):
+        epoch_iterator = getattr(model, "_eval_epoch_iterator", None)
+        if kwargs.get("_use_cached_eval_dataset") and epoch_iterator is not None:
+            epoch_iterator.reset = functools.partial(_reset_keeping_iterator, epoch_iterator)
+        return evaluate(*args, **kwargs)
+
+    model.evaluate = evaluate_on_kept_iterator
+
+
+def _reset_keeping_iterator(epoch_iterator) -> None:
+    epoch_iterator._steps_seen = 0
+    epoch_iterator._epoch_iterator = None
+
+
 def apply_multi_worker_workarounds(model: Transformer) -> None:
     """Works around a Keras 3.15 bug of `fit` under MultiWorkerMirroredStrategy.
 
@@ -324,6 +352,7 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
             model = build_model(config)
             build_compiled_state(model, validation_batches)
             skip_symbolic_build(model)
+            keep_validation_iterator(model)
             if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
                 apply_multi_worker_workarounds(model)
         validation_callback = None

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -191,3 +192,26 @@ def test_cli_average_writes_the_mean(mirrored_run, tmp_path, capsys):
     for got, want in zip(training.load_trained_model(run_dir, output).get_weights(),
                          expected.get_weights()):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_validation_continues_one_iterator_across_epochs(keep):
+    """Under MirroredStrategy each evaluation of `fit` reads the same validation iterator (no
+    iterator destroyed per epoch, which stalled runs for a minute); without the workaround
+    Keras makes a new one per evaluation."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    x = np.arange(32, dtype="float32").reshape(16, 2)
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(4)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    if keep:
+        training.keep_validation_iterator(model)
+    seen = []
+    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(
+        (model._eval_epoch_iterator._current_iterator, logs["val_loss"])))
+    model.fit(data.repeat(), steps_per_epoch=2, epochs=3, verbose=0, callbacks=[record],
+              validation_data=data.repeat(), validation_steps=4)
+    iterators = {id(iterator) for iterator, _ in seen}
+    assert len(iterators) == (1 if keep else 3)
+    assert all(np.isfinite(loss) for _, loss in seen)
