@@ -4,7 +4,7 @@
     keras-transformer build-vocab --config experiments/NAME.yaml [--set k=v] --output DIR
     keras-transformer data-stats --config experiments/NAME.yaml [--set k=v] --vocab DIR
     keras-transformer train --config experiments/NAME.yaml [--set k=v ...] --output runs/NAME
-    keras-transformer average --run runs/NAME --last N
+    keras-transformer average --run runs/NAME --last N [--upper-bound EPOCH]
     keras-transformer export --run runs/NAME --output saved_models/NAME [--version N] [--beam K]
     keras-transformer translate --model saved_models/NAME/1 [--beam K | --greedy] < in > out
     keras-transformer evaluate --model saved_models/NAME/1 --source FILE --reference FILE
@@ -81,8 +81,9 @@ def _train(args) -> int:
 def _average(args) -> int:
     from keras_transformer.training import average_checkpoints
 
-    path = average_checkpoints(args.run_dir, args.last, args.output)
-    print(f"wrote the average of the last {args.last} checkpoints to {path}")
+    path = average_checkpoints(args.run_dir, args.last, args.output, upper_bound=args.upper_bound)
+    bound = "" if args.upper_bound is None else f" up to epoch {args.upper_bound}"
+    print(f"wrote the average of the last {args.last} checkpoints{bound} to {path}")
     return 0
 
 
@@ -149,9 +150,13 @@ class _Progress:
 def _translate_lines(args, lines):
     from keras_transformer.evaluation import translate_texts
 
+    if args.batch_size < 1 or args.workers < 1:
+        raise ConfigError(f"--batch-size {args.batch_size} and --workers {args.workers} must be "
+                          ">= 1")
     translate = _translate_function(args)
     progress = _Progress(len(lines)) if not args.quiet else None
-    return translate_texts(translate, lines, batch_size=args.batch_size, progress=progress)
+    return translate_texts(translate, lines, batch_size=args.batch_size, progress=progress,
+                           workers=args.workers)
 
 
 def _read_lines(path) -> list[str]:
@@ -198,6 +203,8 @@ def _add_translator_arguments(parser):
     parser.add_argument("--weights", default="best",
                         help="with --run: best, last, or a weight file (default: best)")
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="batches translated at once (concurrent requests); default 1")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -240,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     average = commands.add_parser("average", help="average the last N epoch checkpoints")
     average.add_argument("--run", dest="run_dir", required=True, help="run folder")
     average.add_argument("--last", type=int, default=5, help="how many checkpoints")
+    average.add_argument("--upper-bound", type=int, metavar="EPOCH",
+                         help="average the last N checkpoints up to this epoch (default: all)")
     average.add_argument("--output", help="weights file (default: RUN/average_lastN.weights.h5)")
     average.set_defaults(run=_average)
 

@@ -391,16 +391,26 @@ def epoch_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return sorted((Path(run_dir) / CHECKPOINT_DIR).glob("epoch_*.weights.h5"))
 
 
+def _epoch_of(path: Path) -> int:
+    return int(path.name.split(".")[0].split("_")[1])  # epoch_007.weights.h5 -> 7
+
+
 def average_checkpoints(run_dir: str | os.PathLike, last: int,
-                        output: str | os.PathLike | None = None) -> Path:
+                        output: str | os.PathLike | None = None, *,
+                        upper_bound: int | None = None) -> Path:
     """Writes the elementwise mean of the weights of the last `last` epochs (section 6.1: the
-    paper averaged the last 5 or 20 checkpoints). Returns the written file's path."""
+    paper averaged the last 5 or 20 checkpoints), or of the `last` epochs up to epoch
+    `upper_bound` (fairseq's --checkpoint-upper-bound: the model as it stood at that epoch).
+    Returns the written file's path."""
     run_dir = Path(run_dir)
     config = load_run_config(run_dir)
     paths = epoch_checkpoints(run_dir)
+    if upper_bound is not None:
+        paths = [p for p in paths if _epoch_of(p) <= upper_bound]
     if last < 1 or len(paths) < last:
-        raise ConfigError(f"cannot average the last {last} checkpoints: {run_dir / CHECKPOINT_DIR}"
-                          f" holds {len(paths)}")
+        bound = "" if upper_bound is None else f" up to epoch {upper_bound}"
+        raise ConfigError(f"cannot average the last {last} checkpoints{bound}: "
+                          f"{run_dir / CHECKPOINT_DIR} holds {len(paths)}")
     model = Transformer(config.model)
     model.build()
     total = None
@@ -409,7 +419,8 @@ def average_checkpoints(run_dir: str | os.PathLike, last: int,
         weights = model.get_weights()
         total = weights if total is None else [t + w for t, w in zip(total, weights)]
     model.set_weights([(t / last).astype(w.dtype) for t, w in zip(total, model.get_weights())])
-    output = Path(output or run_dir / f"average_last{last}.weights.h5")
+    suffix = "" if upper_bound is None else f"_to{upper_bound}"
+    output = Path(output or run_dir / f"average_last{last}{suffix}.weights.h5")
     model.save_weights(output)
     return output
 

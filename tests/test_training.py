@@ -84,6 +84,14 @@ def test_average_is_the_elementwise_mean(mirrored_run):
     assert any(not np.allclose(a, b) for a, b in zip(*weights))
     with pytest.raises(ConfigError, match="cannot average the last 3 checkpoints.*holds 2"):
         training.average_checkpoints(run_dir, 3)
+    # --upper-bound: the model as it stood at epoch 1.
+    first_only = training.average_checkpoints(run_dir, 1, upper_bound=1)
+    assert first_only.name == "average_last1_to1.weights.h5"
+    for got, want in zip(training.load_trained_model(run_dir, first_only).get_weights(),
+                         weights[0]):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ConfigError, match="last 2 checkpoints up to epoch 1.*holds 1"):
+        training.average_checkpoints(run_dir, 2, upper_bound=1)
 
 
 def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, tmp_path):
