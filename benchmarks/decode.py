@@ -58,6 +58,8 @@ def parse_args(argv=None):
     parser.add_argument("--tutorial-limit", type=int, default=None,
                         help="time the tutorial's method on the first N only (default: all)")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="batches in flight at once (as concurrent server requests)")
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--methods", default=",".join(METHODS),
                         help=f"comma-separated subset of {','.join(METHODS)}")
@@ -112,14 +114,14 @@ def tutorial_function(translator):
     return translate
 
 
-def time_batched(translate, sentences, batch_size, warm_up=True):
+def time_batched(translate, sentences, batch_size, workers=1, warm_up=True):
     """-> (outputs in input order, seconds of the timed pass)."""
     from keras_transformer.evaluation import translate_texts
 
     if warm_up:
-        translate_texts(translate, sentences, batch_size=batch_size)
+        translate_texts(translate, sentences, batch_size=batch_size, workers=workers)
     start = time.perf_counter()
-    outputs = translate_texts(translate, sentences, batch_size=batch_size)
+    outputs = translate_texts(translate, sentences, batch_size=batch_size, workers=workers)
     return outputs, time.perf_counter() - start
 
 
@@ -175,7 +177,8 @@ def main(argv=None) -> int:
         target_tokenizer = translator.target_tokenizer
     sentences = read_sentences(args.data_dir, source_lang, args.limit)
     print(f"model: {args.run or args.model}; {len(sentences)} sentences of test_2016_flickr."
-          f"{source_lang}; batch {args.batch_size}; beam {args.beam}; intra-op threads "
+          f"{source_lang}; batch {args.batch_size}; workers {args.workers}; beam {args.beam}; "
+          f"intra-op threads "
           f"{threads[0] or 'default'}, inter-op {threads[1] or 'default'}; "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     if translator is not None:
@@ -197,7 +200,7 @@ def main(argv=None) -> int:
                 translator.decode_config, jit_compile=True)
             function = module.translate_greedy if method.startswith("greedy") else (
                 module.translate_beam)
-            outputs, seconds = time_batched(function, sentences, args.batch_size)
+            outputs, seconds = time_batched(function, sentences, args.batch_size, args.workers)
             results[method] = (outputs, seconds, len(sentences))
         else:
             outputs, seconds = time_saved_model(args, translator, sentences, method,
@@ -233,7 +236,7 @@ def time_saved_model(args, translator, sentences, method, export_translator, loa
     name = "translate_greedy" if method.startswith("saved_greedy") else "serving_default"
     signature = loaded.signatures[name]
     outputs, seconds = time_batched(lambda batch: signature(source=batch), sentences,
-                                    args.batch_size)
+                                    args.batch_size, args.workers)
     return outputs, seconds
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 from typing import Callable, Sequence
 
@@ -14,23 +15,31 @@ TranslateFn = Callable[[tf.Tensor], dict]  # string [batch] -> {"translation": s
 
 
 def translate_texts(translate: TranslateFn, sentences: Sequence[str], *,
-                    batch_size: int = 64, progress: Callable[[int], None] | None = None
-                    ) -> list[str]:
+                    batch_size: int = 64, progress: Callable[[int], None] | None = None,
+                    workers: int = 1) -> list[str]:
     """Translates `sentences` in batches of similar length; returns them in input order.
 
     Sorting by length keeps padding, and wasted decoder steps, small. `translate` is a Translator
     signature (`translate_greedy`, `translate_beam`, or a loaded SavedModel's function).
+    `workers` > 1 runs that many batches at once from a thread pool, as concurrent requests to a
+    server would (TensorFlow releases the GIL while a batch runs).
     """
+    if batch_size < 1 or workers < 1:
+        raise ValueError(f"batch_size={batch_size} and workers={workers} must be >= 1")
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i].split()))
-    results: list[str] = [""] * len(sentences)
-    for start in range(0, len(order), batch_size):
-        indices = order[start:start + batch_size]
+    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+    def run(indices):
         batch = tf.constant([sentences[i] for i in indices], tf.string)
-        outputs = translate(batch)["translation"].numpy()
-        for index, text in zip(indices, outputs):
-            results[index] = text.decode("utf-8")
-        if progress is not None:
-            progress(len(indices))
+        return indices, translate(batch)["translation"].numpy()
+
+    results: list[str] = [""] * len(sentences)
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for indices, outputs in (pool.map(run, batches) if workers > 1 else map(run, batches)):
+            for index, text in zip(indices, outputs):
+                results[index] = text.decode("utf-8")
+            if progress is not None:
+                progress(len(indices))
     return results
 
 

@@ -294,6 +294,13 @@ def test_cli_export_translate_evaluate(run_dir, tmp_path):
                                  "3"], "\n".join(lines) + "\n")
     assert code == 0, err
     assert exported == direct and len(exported.splitlines()) == len(lines)
+    code, concurrent, err = run_cli(["translate", "--model", str(models / "1"), "--quiet",
+                                     "--batch-size", "1", "--workers", "3"],
+                                    "\n".join(lines) + "\n")
+    assert code == 0, err
+    assert concurrent == exported  # batches in flight at once, input order kept
+    code, _, err = run_cli(["translate", "--model", str(models / "1"), "--workers", "0"], "x\n")
+    assert code == 2 and "--workers 0" in err
 
     code, _, err = run_cli(["translate", "--model", str(models / "1"), "--beam", "5"], "x\n")
     assert code == 2 and "exported with beam size 2" in err
