@@ -4,6 +4,7 @@ import math
 
 import keras
 import numpy as np
+import tensorflow as tf
 from keras import ops
 
 
@@ -78,8 +79,13 @@ class PositionalEmbedding(keras.layers.Layer):
 
     def project(self, x):
         """Pre-softmax projection with the shared matrix: `[..., d_model]` -> `[..., vocab_size]`."""
-        kernel = ops.cast(self.token_embedding.embeddings, x.dtype)
-        return ops.matmul(x, ops.transpose(kernel))
+        kernel = ops.cast(self.token_embedding.embeddings, x.dtype)  # [vocab, d_model]
+        # A 2-D matmul that reads the matrix transposed in place: `x @ transpose(kernel)` copied
+        # the vocab x d_model matrix at every call, i.e. at every decoding step.
+        logits = tf.matmul(tf.reshape(x, [-1, self.d_model]), kernel, transpose_b=True)
+        logits = tf.reshape(logits, tf.concat([tf.shape(x)[:-1], [self.vocab_size]], axis=0))
+        logits.set_shape(x.shape[:-1] + (self.vocab_size,))
+        return logits  # [..., vocab_size]
 
     def compute_output_shape(self, input_shape):
         return (*input_shape, self.d_model)
