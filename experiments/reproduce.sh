@@ -3,6 +3,10 @@
 # greedy and beam search on Multi30k test_2016_flickr with sacreBLEU (detokenized, cased and
 # lowercased) and chrF. Usage: bash experiments/reproduce.sh NAME [extra --set ...]
 #   NAME: multi30k_de_en | multi30k_en_de | multi30k_en_fr (experiments/NAME.yaml)
+# Environment: RUN (default runs/NAME), AVERAGE (checkpoints averaged, default 5), and
+# BUDGET_MINUTES: also score the model as it stood that many minutes after this command started
+# (the last AVERAGE epoch checkpoints written by then), for time-to-quality figures of one
+# uninterrupted run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NAME=${1:?usage: experiments/reproduce.sh NAME [--set section.key=value ...]}
@@ -22,18 +26,37 @@ echo "training wall time: $(( $(date +%s) - start )) s"
 
 "$KT" average --run "$RUN" --last "$AVERAGE"
 "$KT" export --run "$RUN" --weights "$RUN/average_last$AVERAGE.weights.h5" --output "saved_models/$NAME"
-MODEL=$(ls -d "saved_models/$NAME"/[0-9]* | sort -t/ -k3 -n | tail -n 1)
+latest_version() { ls -d "saved_models/$NAME"/[0-9]* | sort -t/ -k3 -n | tail -n 1; }
+MODEL=$(latest_version)
+MODELS=("$MODEL")
+if [ -n "${BUDGET_MINUTES:-}" ]; then
+  deadline=$(( start + BUDGET_MINUTES * 60 ))
+  bound=0
+  for checkpoint in "$RUN"/checkpoints/epoch_*.weights.h5; do
+    if [ "$(stat -c %Y "$checkpoint")" -le "$deadline" ]; then
+      epoch=${checkpoint##*/epoch_}
+      bound=$(( 10#${epoch%%.*} ))
+    fi
+  done
+  echo "== $BUDGET_MINUTES minutes after the start: epoch $bound"
+  "$KT" average --run "$RUN" --last "$AVERAGE" --upper-bound "$bound"
+  "$KT" export --run "$RUN" --weights "$RUN/average_last${AVERAGE}_to$bound.weights.h5" \
+    --output "saved_models/$NAME"
+  MODELS+=("$(latest_version)")
+fi
 
 mkdir -p "$RUN/test"
 for lang in "$SRC" "$TGT"; do
   gzip -dc "$KERAS_TRANSFORMER_DATA/test_2016_flickr.$lang.gz" > "$RUN/test/test_2016_flickr.$lang"
 done
 # Greedy, then the export's serving_default (beam search with the config's beam and alpha).
-for search in greedy beam; do
-  echo "== $NAME test_2016_flickr, $search search, $MODEL"
-  flags=(); [ "$search" = greedy ] && flags=(--greedy)
-  "$KT" evaluate --model "$MODEL" "${flags[@]}" --quiet \
-    --source "$RUN/test/test_2016_flickr.$SRC" --reference "$RUN/test/test_2016_flickr.$TGT" \
-    --output "$RUN/test/test_2016_flickr.$search.$TGT"
+for model in "${MODELS[@]}"; do
+  for search in greedy beam; do
+    echo "== $NAME test_2016_flickr, $search search, $model"
+    flags=(); [ "$search" = greedy ] && flags=(--greedy)
+    "$KT" evaluate --model "$model" "${flags[@]}" --quiet \
+      --source "$RUN/test/test_2016_flickr.$SRC" --reference "$RUN/test/test_2016_flickr.$TGT" \
+      --output "$RUN/test/test_2016_flickr.${model##*/}.$search.$TGT"
+  done
 done
 echo "commit $(git rev-parse --short HEAD), command: experiments/reproduce.sh $NAME $*"
