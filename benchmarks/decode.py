@@ -19,13 +19,12 @@ pass over the same sentences (tracing; XLA compiles once per bucketed shape), ex
 tutorial's, which is warmed up on 3 sentences. The tutorial and cached greedy outputs must be
 identical (same model, same argmax, same length caps).
 
-Measured 2026-11-22 on 2 CPU cores (load average about 1, default threads, batch 64), tutorial
-preset (4 layers, d_model 128, vocab 8000) trained 450 steps, 1000 sentences, sentences/s:
-tutorial 16.7 | greedy 126 | greedy_xla 299 | beam 35.5 | beam_xla 54 | saved_greedy 146 |
-saved_beam 36 | saved_greedy_xla 313 | saved_beam_xla 50; tutorial == greedy on all 1000.
-Beam cost grows with the output buffer (source length + 50): with +10 instead, beam 85 and
-beam_xla 97, so the decoder's fixed-length caches (attention over every slot, reordering every
-slot each step) are what separates beam search from CTranslate2.
+Measured 2026-11-23 on 2 CPU cores (idle, batch 64), the 50-epoch Multi30k de-en model of
+experiments/RESULTS.md, 1000 sentences, through the SavedModel, sentences/s (greedy / beam 4):
+defaults 438 / 129; --workers 2 --intra-op 1 (two batches in flight, one thread per op) 862 /
+189, and 861 / 200 with --batch-size 32. Figures and their commands are in experiments/RESULTS.md.
+Beam cost grows with the output buffer under XLA, whose caches have the fixed length source + 50
+(without XLA they grow one position per step).
 """
 
 from __future__ import annotations
