@@ -11,7 +11,7 @@ from keras_transformer.model import PAD_ID
 class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
     """Cross-entropy against (1 - epsilon) * one_hot(y) + epsilon / vocab, padding ignored.
 
-    Computed by `label_smoothed_cross_entropy` (fused kernel, hand-written gradient): no one-hot
+    Computed by `label_smoothed_cross_entropy` (one XLA fusion each way): no one-hot
     `[batch, length, vocab]` tensor and no log-softmax is materialized.
 
     The result is the mean over the real (non-padding) target tokens of the global batch. Under a
@@ -64,45 +64,62 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
 def label_smoothed_cross_entropy(labels, logits, epsilon):
     """-sum_v q_v log softmax(logits)_v with q = (1 - epsilon) one_hot(labels) + epsilon / vocab.
 
-    The loss and its gradient softmax(logits) - q come from TensorFlow's fused sparse
-    cross-entropy kernel (one pass over the logits for both) plus the smoothing term
-    epsilon * (z_y - mean(z)), whose gradient is added by hand: autodiff through logsumexp,
-    the gather and the mean would write several more `[tokens, vocab]` float32 tensors, and at
-    vocab 8000 those passes are a large part of a small model's training step.
+    = logsumexp(z) - (1 - epsilon) z_y - epsilon mean(z), with gradient
+    (softmax(z) - q) * upstream. At vocab 8000 the `[tokens, vocab]` passes over the logits are a
+    large part of a small model's training step, so the loss and its gradient are each one
+    XLA-compiled function: XLA fuses the softmax, the smoothed target distribution (a one-hot
+    it never materializes) and the upstream scaling into a single loop over the logits for the
+    forward pass and a single loop for the backward pass, where TensorFlow's kernels (even the
+    fused sparse cross-entropy one) write several `[tokens, vocab]` float32 tensors.
 
     Args:
         labels: int32 `[...]`, ids in [0, vocab).
-        logits: float32 `[..., vocab]`.
+        logits: float `[..., vocab]` (bfloat16 logits are read as float32 inside the fusion;
+            the gradient has their dtype).
         epsilon: label smoothing (Python float).
 
     Returns:
         float32 `[...]` losses.
     """
     shape = tf.shape(labels)
-    vocab_size = tf.shape(logits)[-1]
     flat_labels = tf.reshape(labels, [-1])
 
     @tf.custom_gradient
     def fused(flat_logits):
-        loss, backprop = tf.raw_ops.SparseSoftmaxCrossEntropyWithLogits(
-            features=flat_logits, labels=flat_labels)  # [n], [n, vocab] = softmax - one_hot
-        if epsilon:
-            true_logit = tf.gather(flat_logits, flat_labels, batch_dims=1)  # [n]
-            loss += epsilon * (true_logit - tf.reduce_mean(flat_logits, axis=-1))
+        losses, logsumexp = _smoothed_cross_entropy(flat_logits, flat_labels, epsilon)
 
         def grad(upstream):  # [n]
-            gradient = backprop * upstream[:, None]
-            if epsilon:
-                # d/dz of epsilon * (z_y - mean(z)): +epsilon at the label, -epsilon / vocab.
-                gradient -= (epsilon / tf.cast(vocab_size, tf.float32)) * upstream[:, None]
-                indices = tf.stack([tf.range(tf.shape(flat_labels)[0]), flat_labels], axis=1)
-                gradient = tf.tensor_scatter_nd_add(gradient, indices, epsilon * upstream)
-            return gradient
+            return _smoothed_cross_entropy_gradient(flat_logits, flat_labels, logsumexp,
+                                                    upstream, epsilon)
 
-        return loss, grad
+        return losses, grad
 
-    losses = fused(tf.reshape(logits, [-1, vocab_size]))
+    losses = fused(tf.reshape(logits, [-1, tf.shape(logits)[-1]]))
     return tf.reshape(losses, shape)
+
+
+def _smoothed_target(labels, vocab_size, epsilon):
+    """q = (1 - epsilon) one_hot(labels) + epsilon / vocab, float32 `[n, vocab]` (fused by XLA,
+    never written out)."""
+    return ((1.0 - epsilon) * tf.one_hot(labels, vocab_size, dtype=tf.float32)
+            + epsilon / tf.cast(vocab_size, tf.float32))
+
+
+@tf.function(jit_compile=True)
+def _smoothed_cross_entropy(logits, labels, epsilon):
+    """logits `[n, vocab]`, labels int32 `[n]` -> (losses float32 `[n]`, logsumexp `[n]`)."""
+    logits = tf.cast(logits, tf.float32)
+    logsumexp = tf.reduce_logsumexp(logits, axis=-1)
+    target = _smoothed_target(labels, tf.shape(logits)[-1], epsilon)
+    return logsumexp - tf.reduce_sum(target * logits, axis=-1), logsumexp
+
+
+@tf.function(jit_compile=True)
+def _smoothed_cross_entropy_gradient(logits, labels, logsumexp, upstream, epsilon):
+    """(softmax(logits) - q) * upstream, `[n, vocab]` in the logits' dtype."""
+    probs = tf.exp(tf.cast(logits, tf.float32) - logsumexp[:, None])
+    target = _smoothed_target(labels, tf.shape(logits)[-1], epsilon)
+    return tf.cast((probs - target) * upstream[:, None], logits.dtype)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
