@@ -101,6 +101,9 @@ def worker(args) -> dict:
         "train": {"precision": spec["precision"], "warmup_steps": 4000,
                   "jit_compile": spec.get("jit_compile", False)},
     })
+    # Seeded before the tokenizers load: tf.random.set_seed clears the eager kernel cache and
+    # with it loaded SentencePiece models (seeding later broke --quality-tokens).
+    keras.utils.set_random_seed(1)
     source_tokenizer, target_tokenizer = data_lib.load_tokenizers(config.data, args.vocab_dir)
     config = training.with_vocab_sizes(config, source_tokenizer, target_tokenizer)
     pairs = data_lib.load_pairs(config.data, "train")
@@ -155,13 +158,11 @@ def worker(args) -> dict:
 
 def quality(args, config, dataset, source_tokenizer, target_tokenizer) -> float:
     """Validation loss of a fresh model trained on `--quality-tokens` target tokens."""
-    import keras
     import numpy as np
 
     from keras_transformer import data as data_lib
     from keras_transformer import training
 
-    keras.utils.set_random_seed(1)
     model = training.build_model(config)
     seen = 0
     for inputs, target_out in dataset.repeat():
