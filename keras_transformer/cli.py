@@ -150,9 +150,6 @@ class _Progress:
 def _translate_lines(args, lines):
     from keras_transformer.evaluation import translate_texts
 
-    if args.batch_size < 1 or args.workers < 1:
-        raise ConfigError(f"--batch-size {args.batch_size} and --workers {args.workers} must be "
-                          ">= 1")
     translate = _translate_function(args)
     progress = _Progress(len(lines)) if not args.quiet else None
     return translate_texts(translate, lines, batch_size=args.batch_size, progress=progress,
@@ -191,6 +188,13 @@ def _evaluate(args) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    return value
+
+
 def _add_translator_arguments(parser):
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="exported version folder, e.g. saved_models/NAME/1")
@@ -202,8 +206,9 @@ def _add_translator_arguments(parser):
     search.add_argument("--greedy", action="store_true", help="greedy search")
     parser.add_argument("--weights", default="best",
                         help="with --run: best, last, or a weight file (default: best)")
-    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
-    parser.add_argument("--workers", type=int, default=1,
+    parser.add_argument("--batch-size", type=_positive_int, default=64,
+                        help="sentences per batch")
+    parser.add_argument("--workers", type=_positive_int, default=1,
                         help="batches translated at once (concurrent requests); default 1")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -35,7 +35,7 @@ def translate_texts(translate: TranslateFn, sentences: Sequence[str], *,
 
     results: list[str] = [""] * len(sentences)
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        for indices, outputs in (pool.map(run, batches) if workers > 1 else map(run, batches)):
+        for indices, outputs in pool.map(run, batches):
             for index, text in zip(indices, outputs):
                 results[index] = text.decode("utf-8")
             if progress is not None:

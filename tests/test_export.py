@@ -299,8 +299,9 @@ def test_cli_export_translate_evaluate(run_dir, tmp_path):
                                     "\n".join(lines) + "\n")
     assert code == 0, err
     assert concurrent == exported  # batches in flight at once, input order kept
-    code, _, err = run_cli(["translate", "--model", str(models / "1"), "--workers", "0"], "x\n")
-    assert code == 2 and "--workers 0" in err
+    with pytest.raises(SystemExit) as exit_info, redirect_stderr(io.StringIO()) as err:
+        cli.main(["translate", "--model", str(models / "1"), "--workers", "0"])
+    assert exit_info.value.code == 2 and "argument --workers: 0 is not >= 1" in err.getvalue()
 
     code, _, err = run_cli(["translate", "--model", str(models / "1"), "--beam", "5"], "x\n")
     assert code == 2 and "exported with beam size 2" in err
