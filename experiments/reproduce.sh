@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Reproduces one experiment end to end: train, average the last checkpoints, export, and score
-# greedy and beam search on Multi30k test_2016_flickr with sacreBLEU (detokenized, cased and
-# lowercased) and chrF. Usage: bash experiments/reproduce.sh NAME [extra --set ...]
+# Reproduces one experiment end to end: train, average the last checkpoints, choose the beam size
+# and length penalty on the validation split, export, and score greedy and beam search on
+# Multi30k test_2016_flickr with sacreBLEU (detokenized, cased and lowercased) and chrF.
+# Usage: bash experiments/reproduce.sh NAME [extra --set ...]
 #   NAME: multi30k_de_en | multi30k_en_de | multi30k_en_fr (experiments/NAME.yaml)
-# Environment: RUN (default runs/NAME), AVERAGE (checkpoints averaged, default 5), and
+# Environment: RUN (default runs/NAME), AVERAGE (checkpoints averaged, default 5), BEAMS and
+# ALPHAS (the validation grid, default 4,5,6 and 0.6,0.8,1.0,1.2; BEAMS= skips the search and
+# keeps the config's decode settings), and
 # BUDGET_MINUTES: also score the model as it stood that many minutes after this command started
 # (the last AVERAGE epoch checkpoints written by then), for time-to-quality figures of one
 # uninterrupted run.
@@ -25,7 +28,23 @@ start=$(date +%s)
 echo "training wall time: $(( $(date +%s) - start )) s"
 
 "$KT" average --run "$RUN" --last "$AVERAGE"
-"$KT" export --run "$RUN" --weights "$RUN/average_last$AVERAGE.weights.h5" --output "saved_models/$NAME"
+
+# Beam size and alpha: the best validation BLEU of the averaged model (the test split is never
+# looked at before the final scores).
+BEAMS=${BEAMS-4,5,6}
+ALPHAS=${ALPHAS-0.6,0.8,1.0,1.2}
+search_flags=()
+if [ -n "$BEAMS" ]; then
+  "$KT" tune-search --run "$RUN" --weights "$RUN/average_last$AVERAGE.weights.h5" \
+    --source "$KERAS_TRANSFORMER_DATA/val.$SRC.gz" --reference "$KERAS_TRANSFORMER_DATA/val.$TGT.gz" \
+    --beam "$BEAMS" --alpha "$ALPHAS" --workers 2 --output "$RUN/search.json"
+  read -r beam alpha < <("$BIN/python" -c \
+    "import json; b = json.load(open('$RUN/search.json'))['best']; print(b['beam_size'], b['alpha'])")
+  search_flags=(--beam "$beam" --alpha "$alpha")
+fi
+
+"$KT" export --run "$RUN" --weights "$RUN/average_last$AVERAGE.weights.h5" "${search_flags[@]}" \
+  --output "saved_models/$NAME"
 latest_version() { ls -d "saved_models/$NAME"/[0-9]* | sort -t/ -k3 -n | tail -n 1; }
 MODEL=$(latest_version)
 MODELS=("$MODEL")
@@ -41,7 +60,7 @@ if [ -n "${BUDGET_MINUTES:-}" ]; then
   echo "== $BUDGET_MINUTES minutes after the start: epoch $bound"
   "$KT" average --run "$RUN" --last "$AVERAGE" --upper-bound "$bound"
   "$KT" export --run "$RUN" --weights "$RUN/average_last${AVERAGE}_to$bound.weights.h5" \
-    --output "saved_models/$NAME"
+    "${search_flags[@]}" --output "saved_models/$NAME"
   MODELS+=("$(latest_version)")
 fi
 
@@ -49,7 +68,7 @@ mkdir -p "$RUN/test"
 for lang in "$SRC" "$TGT"; do
   gzip -dc "$KERAS_TRANSFORMER_DATA/test_2016_flickr.$lang.gz" > "$RUN/test/test_2016_flickr.$lang"
 done
-# Greedy, then the export's serving_default (beam search with the config's beam and alpha).
+# Greedy, then the export's serving_default (beam search with the beam and alpha chosen above).
 for model in "${MODELS[@]}"; do
   for search in greedy beam; do
     echo "== $NAME test_2016_flickr, $search search, $model"

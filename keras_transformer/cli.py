@@ -8,6 +8,7 @@
     keras-transformer export --run runs/NAME --output saved_models/NAME [--version N] [--beam K]
     keras-transformer translate --model saved_models/NAME/1 [--beam K | --greedy] < in > out
     keras-transformer evaluate --model saved_models/NAME/1 --source FILE --reference FILE
+    keras-transformer tune-search --run runs/NAME --source VAL --reference VAL --beam 4,5 --alpha 0.6,1
 """
 
 from __future__ import annotations
@@ -188,6 +189,45 @@ def _evaluate(args) -> int:
     return 0
 
 
+def _tune_search(args) -> int:
+    import json
+
+    from keras_transformer.evaluation import tune_search
+    from keras_transformer.translator import translator_from_run
+
+    sources, references = _read_lines(args.source), _read_lines(args.reference)
+    if len(sources) != len(references):
+        raise ConfigError(f"{args.source} has {len(sources)} lines but {args.reference} has "
+                         f"{len(references)}")
+    translator = translator_from_run(args.run_dir, weights=args.weights)
+    tuned = tune_search(translator, sources, references, args.beam, args.alpha,
+                        batch_size=args.batch_size, workers=args.workers)
+    for row in tuned["results"]:
+        print(f"beam {row['beam_size']} alpha {row['alpha']:g}: BLEU {row['bleu']:.2f} "
+              f"chrF {row['chrf']:.2f}", flush=True)
+    best = tuned["best"]
+    print(f"best: --beam {best['beam_size']} --alpha {best['alpha']:g} (BLEU {best['bleu']:.2f}, "
+          f"{tuned['bleu_signature']})")
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            json.dump(tuned, f, indent=1)
+    return 0
+
+
+def _positive_ints(text: str) -> list[int]:
+    return [_positive_int(part) for part in text.split(",")]
+
+
+def _alphas(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
+    if any(value < 0 for value in values):
+        raise argparse.ArgumentTypeError(f"{text}: every alpha must be >= 0")
+    return values
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -282,6 +322,23 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--reference", required=True, help="reference file, line-aligned")
     evaluate.add_argument("--output", help="write the hypotheses to this file")
     evaluate.set_defaults(run=_evaluate)
+
+    tune = commands.add_parser(
+        "tune-search", help="BLEU of every beam size and alpha on held-out (validation) files")
+    tune.add_argument("--run", dest="run_dir", required=True, help="training run folder")
+    tune.add_argument("--weights", default="best", help="best, last, or a weight file")
+    tune.add_argument("--source", required=True, help="validation source file")
+    tune.add_argument("--reference", required=True, help="validation reference file")
+    tune.add_argument("--beam", type=_positive_ints, default=[4], metavar="K[,K...]",
+                      help="beam sizes to try (default: 4)")
+    tune.add_argument("--alpha", type=_alphas, default=[0.6], metavar="A[,A...]",
+                      help="length penalties to try (default: 0.6)")
+    tune.add_argument("--batch-size", type=_positive_int, default=64,
+                      help="sentences per batch (default: 64)")
+    tune.add_argument("--workers", type=_positive_int, default=1,
+                      help="batches translated at once (default: 1)")
+    tune.add_argument("--output", help="write the results and the best setting as JSON")
+    tune.set_defaults(run=_tune_search)
     return parser
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import io
 from typing import Callable, Sequence
 
@@ -59,6 +60,47 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
         result[f"bleu{suffix}_signature"] = str(bleu.get_signature())
         result[f"chrf{suffix}_signature"] = str(chrf.get_signature())
     return result
+
+
+def tune_search(translator, sources: Sequence[str], references: Sequence[str],
+                beam_sizes: Sequence[int], alphas: Sequence[float], *, batch_size: int = 64,
+                workers: int = 1) -> dict:
+    """Cased sacreBLEU of beam search for every beam size and length penalty, on held-out pairs.
+
+    The paper chose its beam size and alpha on the development set (section 6.1); run this on
+    the validation split, never on a test set. The grid shares `translator`'s model and
+    tokenizers.
+
+    Args:
+        translator: a `Translator` (e.g. `translator_from_run`).
+        sources, references: line-aligned held-out sentences.
+        beam_sizes, alphas: the grid; every pair is decoded once.
+
+    Returns:
+        {"results": [{"beam_size", "alpha", "bleu", "chrf"}, ...] in grid order,
+         "best": the result with the highest BLEU (the first of equals), "bleu_signature"}.
+    """
+    from keras_transformer.translator import Translator
+
+    if len(sources) != len(references):
+        raise ValueError(f"{len(sources)} sources for {len(references)} references")
+    results, signature = [], None
+    for beam_size in beam_sizes:
+        for alpha in alphas:
+            decode_config = dataclasses.replace(translator.decode_config, beam_size=beam_size,
+                                                alpha=alpha)
+            candidate = Translator(translator.model, translator.source_tokenizer,
+                                   translator.target_tokenizer, decode_config)
+            hypotheses = translate_texts(candidate.translate_beam, sources,
+                                         batch_size=batch_size, workers=workers)
+            scores = score(hypotheses, references)
+            signature = scores["bleu_signature"]
+            results.append({"beam_size": beam_size, "alpha": alpha, "bleu": scores["bleu"],
+                            "chrf": scores["chrf"]})
+    if not results:
+        raise ValueError("an empty grid: give at least one beam size and one alpha")
+    return {"results": results, "best": max(results, key=lambda row: row["bleu"]),
+            "bleu_signature": signature}
 
 
 class ValidationBleu(keras.callbacks.Callback):

@@ -322,3 +322,38 @@ def test_cli_export_translate_evaluate(run_dir, tmp_path):
     for metric in ("bleu:", "bleu_lowercase:", "chrf:", "chrf_lowercase:"):
         assert metric in out
     assert "case:lc" in out and "tok:13a" in out  # sacreBLEU signatures
+
+
+def test_cli_tune_search_scores_every_beam_and_alpha(run_dir, tmp_path):
+    """The grid is decoded in full, each score is that setting's own, and the best is kept."""
+    import json
+
+    from keras_transformer.evaluation import score, translate_texts
+    from keras_transformer.translator import translator_from_run
+
+    sources = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt Fahrrad.", "Eine Frau singt."]
+    references = ["Two dogs play in the snow.", "A man rides a bike.", "A woman sings."]
+    source, reference, output = tmp_path / "src", tmp_path / "ref", tmp_path / "search.json"
+    source.write_text("\n".join(sources) + "\n")
+    reference.write_text("\n".join(references) + "\n")
+    code, out, err = run_cli(["tune-search", "--run", str(run_dir), "--source", str(source),
+                              "--reference", str(reference), "--beam", "1,3",
+                              "--alpha", "0,1.5", "--output", str(output)])
+    assert code == 0, err
+    tuned = json.loads(output.read_text())
+    grid = [(row["beam_size"], row["alpha"]) for row in tuned["results"]]
+    assert grid == [(1, 0.0), (1, 1.5), (3, 0.0), (3, 1.5)]
+    assert tuned["best"]["bleu"] == max(row["bleu"] for row in tuned["results"])
+    assert f"best: --beam {tuned['best']['beam_size']}" in out and "tok:13a" in out
+
+    translator = translator_from_run(run_dir, beam_size=3, alpha=1.5)  # kept alive while used
+    expected = translate_texts(translator.translate_beam, sources)
+    assert tuned["results"][3]["bleu"] == score(expected, references)["bleu"]
+
+    code, _, err = run_cli(["tune-search", "--run", str(run_dir), "--source", str(source),
+                            "--reference", str(tmp_path / "missing")])
+    assert code == 2 and "missing: no such file" in err
+    with pytest.raises(SystemExit), redirect_stderr(io.StringIO()) as err:
+        cli.main(["tune-search", "--run", str(run_dir), "--source", str(source),
+                  "--reference", str(reference), "--alpha", "0.6,-1"])
+    assert "every alpha must be >= 0" in err.getvalue()
