@@ -8,8 +8,12 @@ that absorbs tracing. Prints, per configuration: steady-state target tokens/s, s
 tokens/s, sentences/s, padding fraction, peak memory, and model FLOPs utilization against
 float32 and bfloat16 matmul peaks measured in the same run; then the ratio best / reference.
 
-With --quality-tokens N, each configuration also trains from scratch until N target tokens and
-prints its validation loss, to show that the faster recipe learns as much per token.
+With --quality-tokens N, each configuration also trains a fresh model until N target tokens and
+prints its validation loss, to show that the faster recipe learns as much per token. Both follow
+one learning-rate schedule measured in target tokens: the reference's warmup of 4000 steps of
+64-sentence batches, so a configuration whose batches hold k times more target tokens warms up
+for 4000 / k steps. Under the inverse-square-root schedule that gives it sqrt(k) times the
+reference's rate at every token count (the square-root scaling of the rate with the batch).
 
 Configurations:
   reference  the tf.text tutorial's recipe: 64-sentence batches padded to their longest member,
@@ -27,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+REFERENCE_WARMUP_STEPS = 4000  # the tutorial's (and the paper's) warmup
 
 CONFIGS = {
     "reference": dict(batching="fixed64", precision="float32", tokens_per_batch=4096),
@@ -98,7 +104,7 @@ def worker(args) -> dict:
                  "target_lang": "en", "vocab_size": 8000, "max_length": 128,
                  "tokens_per_batch": spec["tokens_per_batch"], "vocab_dir": args.vocab_dir,
                  "bucket_step": spec.get("bucket_step", 8)},
-        "train": {"precision": spec["precision"], "warmup_steps": 4000,
+        "train": {"precision": spec["precision"], "warmup_steps": REFERENCE_WARMUP_STEPS,
                   "jit_compile": spec.get("jit_compile", False)},
     })
     # Seeded before the tokenizers load: tf.random.set_seed clears the eager kernel cache and
@@ -151,18 +157,35 @@ def worker(args) -> dict:
         peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     )
     if args.quality_tokens:
+        reference = data_lib.fixed_size_batches(pairs, source_tokenizer, target_tokenizer,
+                                                config.data, batch_size=64)
+        warmup = token_matched_warmup(REFERENCE_WARMUP_STEPS, data_lib.batch_stats(reference),
+                                      data_lib.batch_stats(dataset))
+        result["quality_warmup_steps"] = warmup
         result["validation_loss"] = quality(args, config, dataset, source_tokenizer,
-                                            target_tokenizer)
+                                            target_tokenizer, warmup)
     return result
 
 
-def quality(args, config, dataset, source_tokenizer, target_tokenizer) -> float:
+def token_matched_warmup(reference_warmup: int, reference_stats, stats) -> int:
+    """Warmup steps that span as many target tokens as `reference_warmup` steps of the
+    reference's batches (`BatchStats` of one pass over each batching)."""
+    reference_tokens = reference_stats.target_tokens / reference_stats.batches
+    tokens = stats.target_tokens / stats.batches
+    return max(1, round(reference_warmup * reference_tokens / tokens))
+
+
+def quality(args, config, dataset, source_tokenizer, target_tokenizer, warmup_steps) -> float:
     """Validation loss of a fresh model trained on `--quality-tokens` target tokens."""
+    import dataclasses
+
     import numpy as np
 
     from keras_transformer import data as data_lib
     from keras_transformer import training
 
+    config = dataclasses.replace(
+        config, train=dataclasses.replace(config.train, warmup_steps=warmup_steps))
     model = training.build_model(config)
     seen = 0
     for inputs, target_out in dataset.repeat():
@@ -225,8 +248,10 @@ def main():
         print(f"best / reference: {ratio:.2f}x target tokens/s")
         if args.quality_tokens:
             ref, best = (results[k]["validation_loss"] for k in ("reference", "best"))
-            print(f"validation loss after {args.quality_tokens:,} target tokens: reference "
-                  f"{ref:.4f}, best {best:.4f} ({100 * (best - ref) / ref:+.1f}%)")
+            warmups = [results[k]["quality_warmup_steps"] for k in ("reference", "best")]
+            print(f"validation loss after {args.quality_tokens:,} target tokens (warmup "
+                  f"{warmups[0]} / {warmups[1]} steps): reference {ref:.4f}, best {best:.4f} "
+                  f"({100 * (best - ref) / ref:+.1f}%)")
 
 
 def build_vocabulary(data_dir: str, vocab_dir: str) -> None:
@@ -257,7 +282,8 @@ def report(result: dict, peaks: dict) -> None:
             f"peak memory {result['peak_memory_mb']:,.0f} MB, "
             f"MFU {100 * mfu32:.0f}% of float32 / {100 * mfu16:.0f}% of bfloat16 peak")
     if "validation_loss" in result:
-        line += f", validation loss {result['validation_loss']:.4f}"
+        line += (f", validation loss {result['validation_loss']:.4f} after "
+                 f"{result['quality_warmup_steps']}-step warmup")
     print(line, flush=True)
 
 
