@@ -166,6 +166,14 @@ def _read_lines(path) -> list[str]:
     return list(read_lines(path))
 
 
+def _read_aligned(source_path, reference_path) -> tuple[list[str], list[str]]:
+    sources, references = _read_lines(source_path), _read_lines(reference_path)
+    if len(sources) != len(references):
+        raise ConfigError(f"{source_path} has {len(sources)} lines but {reference_path} has "
+                          f"{len(references)}")
+    return sources, references
+
+
 def _translate(args) -> int:
     lines = [line.rstrip("\n") for line in sys.stdin]
     for translation in _translate_lines(args, lines):
@@ -176,10 +184,7 @@ def _translate(args) -> int:
 def _evaluate(args) -> int:
     from keras_transformer.evaluation import score, write_lines
 
-    sources, references = _read_lines(args.source), _read_lines(args.reference)
-    if len(sources) != len(references):
-        raise ConfigError(f"{args.source} has {len(sources)} lines but {args.reference} has "
-                         f"{len(references)}")
+    sources, references = _read_aligned(args.source, args.reference)
     hypotheses = _translate_lines(args, sources)
     if args.output:
         write_lines(args.output, hypotheses)
@@ -195,10 +200,7 @@ def _tune_search(args) -> int:
     from keras_transformer.evaluation import tune_search
     from keras_transformer.translator import translator_from_run
 
-    sources, references = _read_lines(args.source), _read_lines(args.reference)
-    if len(sources) != len(references):
-        raise ConfigError(f"{args.source} has {len(sources)} lines but {args.reference} has "
-                         f"{len(references)}")
+    sources, references = _read_aligned(args.source, args.reference)
     translator = translator_from_run(args.run_dir, weights=args.weights)
     tuned = tune_search(translator, sources, references, args.beam, args.alpha,
                         batch_size=args.batch_size, workers=args.workers)
