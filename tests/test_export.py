@@ -353,6 +353,11 @@ def test_cli_tune_search_scores_every_beam_and_alpha(run_dir, tmp_path):
     code, _, err = run_cli(["tune-search", "--run", str(run_dir), "--source", str(source),
                             "--reference", str(tmp_path / "missing")])
     assert code == 2 and "missing: no such file" in err
+    short = tmp_path / "short"
+    short.write_text(references[0] + "\n")
+    code, _, err = run_cli(["tune-search", "--run", str(run_dir), "--source", str(source),
+                            "--reference", str(short)])
+    assert code == 2 and "has 3 lines but" in err and "short has 1" in err
     with pytest.raises(SystemExit), redirect_stderr(io.StringIO()) as err:
         cli.main(["tune-search", "--run", str(run_dir), "--source", str(source),
                   "--reference", str(reference), "--alpha", "0.6,-1"])
