@@ -84,6 +84,8 @@ def tune_search(translator, sources: Sequence[str], references: Sequence[str],
 
     if len(sources) != len(references):
         raise ValueError(f"{len(sources)} sources for {len(references)} references")
+    if not beam_sizes or not alphas:
+        raise ValueError("an empty grid: give at least one beam size and one alpha")
     results, signature = [], None
     for beam_size in beam_sizes:
         for alpha in alphas:
@@ -97,8 +99,6 @@ def tune_search(translator, sources: Sequence[str], references: Sequence[str],
             signature = scores["bleu_signature"]
             results.append({"beam_size": beam_size, "alpha": alpha, "bleu": scores["bleu"],
                             "chrf": scores["chrf"]})
-    if not results:
-        raise ValueError("an empty grid: give at least one beam size and one alpha")
     return {"results": results, "best": max(results, key=lambda row: row["bleu"]),
             "bleu_signature": signature}
 

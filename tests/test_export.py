@@ -325,7 +325,8 @@ def test_cli_export_translate_evaluate(run_dir, tmp_path):
 
 
 def test_cli_tune_search_scores_every_beam_and_alpha(run_dir, tmp_path):
-    """The grid is decoded in full, each score is that setting's own, and the best is kept."""
+    """The grid is decoded in full, in order, the best is kept, and bad input is refused. (The
+    random model scores 0 everywhere, so the score equality below is a weak check.)"""
     import json
 
     from keras_transformer.evaluation import score, translate_texts
