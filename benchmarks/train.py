@@ -13,12 +13,15 @@ prints its validation loss, to show that the faster recipe learns as much per to
 one learning-rate schedule measured in target tokens: the reference's warmup of 4000 steps of
 64-sentence batches, so a configuration whose batches hold k times more target tokens warms up
 for 4000 / k steps. Under the inverse-square-root schedule that gives it sqrt(k) times the
-reference's rate at every token count (the square-root scaling of the rate with the batch).
+reference's rate at every token count (the square-root scaling of the rate with the batch);
+--rate-scaling linear multiplies its rate by a further sqrt(k), k times the reference's (the
+linear scaling rule of Goyal et al., 2017, as Ott et al., 2018 used for large-batch NMT).
 
 Configurations:
   reference  the tf.text tutorial's recipe: 64-sentence batches padded to their longest member,
              float32, no length bucketing
-  best       token-budget length buckets, mixed_bfloat16 (AMX matmuls on this CPU)
+  best       token-budget length buckets, precision "auto": mixed_bfloat16 where the machine
+             multiplies bfloat16 natively (AMX here), float32 where bfloat16 is only emulated
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ REFERENCE_WARMUP_STEPS = 4000  # the tutorial's (and the paper's) warmup
 CONFIGS = {
     "reference": dict(batching="fixed64", precision="float32", tokens_per_batch=4096),
     "bucketed_float32": dict(batching="bucketed", precision="float32", tokens_per_batch=4096),
-    "best": dict(batching="bucketed", precision="mixed_bfloat16", tokens_per_batch=4096),
+    "best": dict(batching="bucketed", precision="auto", tokens_per_batch=4096),
 }
 
 
@@ -119,10 +122,11 @@ def worker(args) -> dict:
     else:
         dataset = data_lib.make_batches(pairs, source_tokenizer, target_tokenizer, config.data,
                                         training=True)
-    keras.config.set_dtype_policy(config.train.precision)
+    precision = training.resolve_precision(config.train.precision)
+    keras.config.set_dtype_policy(precision)
     model = training.build_model(config)
 
-    result = {"config": args.config, **spec}
+    result = {"config": args.config, **spec, "precision": precision}
     steps = args.warmup + args.steps
     # distinct=N cycles the first N batches: with jit_compile, a warmup of at least N steps
     # then compiles every shape the timed steps use (XLA compiles once per shape).
@@ -159,23 +163,30 @@ def worker(args) -> dict:
     if args.quality_tokens:
         reference = data_lib.fixed_size_batches(pairs, source_tokenizer, target_tokenizer,
                                                 config.data, batch_size=64)
-        warmup = token_matched_warmup(REFERENCE_WARMUP_STEPS, data_lib.batch_stats(reference),
-                                      data_lib.batch_stats(dataset))
+        warmup, scale = token_matched_schedule(
+            REFERENCE_WARMUP_STEPS, data_lib.batch_stats(reference),
+            data_lib.batch_stats(dataset), args.rate_scaling)
         result["quality_warmup_steps"] = warmup
+        result["quality_rate_scale"] = scale
         result["validation_loss"] = quality(args, config, dataset, source_tokenizer,
-                                            target_tokenizer, warmup)
+                                            target_tokenizer, warmup, scale)
     return result
 
 
-def token_matched_warmup(reference_warmup: int, reference_stats, stats) -> int:
-    """Warmup steps that span as many target tokens as `reference_warmup` steps of the
-    reference's batches (`BatchStats` of one pass over each batching)."""
-    reference_tokens = reference_stats.target_tokens / reference_stats.batches
-    tokens = stats.target_tokens / stats.batches
-    return max(1, round(reference_warmup * reference_tokens / tokens))
+def token_matched_schedule(reference_warmup: int, reference_stats, stats,
+                           rate_scaling: str = "sqrt") -> tuple:
+    """(warmup steps, learning_rate_scale) for batches holding k times the reference's target
+    tokens (`BatchStats` of one pass over each batching): the warmup spans as many target tokens
+    as `reference_warmup` steps of the reference's batches, and under "linear" the rate is scaled
+    by a further sqrt(k), so that it is k times the reference's at every token count."""
+    k = (stats.target_tokens / stats.batches) / (
+        reference_stats.target_tokens / reference_stats.batches)
+    warmup = max(1, round(reference_warmup / k))
+    return warmup, (k**0.5 if rate_scaling == "linear" else 1.0)
 
 
-def quality(args, config, dataset, source_tokenizer, target_tokenizer, warmup_steps) -> float:
+def quality(args, config, dataset, source_tokenizer, target_tokenizer, warmup_steps,
+            rate_scale) -> float:
     """Validation loss of a fresh model trained on `--quality-tokens` target tokens."""
     import dataclasses
 
@@ -184,8 +195,8 @@ def quality(args, config, dataset, source_tokenizer, target_tokenizer, warmup_st
     from keras_transformer import data as data_lib
     from keras_transformer import training
 
-    config = dataclasses.replace(
-        config, train=dataclasses.replace(config.train, warmup_steps=warmup_steps))
+    config = dataclasses.replace(config, train=dataclasses.replace(
+        config.train, warmup_steps=warmup_steps, learning_rate_scale=rate_scale))
     model = training.build_model(config)
     seen = 0
     for inputs, target_out in dataset.repeat():
@@ -208,6 +219,9 @@ def main():
     parser.add_argument("--quality-tokens", type=int, default=0,
                         help="also train each configuration on this many target tokens and "
                              "compare validation losses (0: skip)")
+    parser.add_argument("--rate-scaling", choices=("sqrt", "linear"), default="sqrt",
+                        help="how --quality-tokens scales the learning rate with the batch's "
+                             "target tokens: sqrt(k) (the schedule's own) or k times")
     parser.add_argument("--configs", default="reference,best",
                         help=f"comma-separated, of {', '.join(CONFIGS)}")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -234,7 +248,8 @@ def main():
             command = [sys.executable, __file__, "--config", name, "--vocab-dir", vocab_dir,
                        "--data-dir", args.data_dir, "--preset", args.preset,
                        "--steps", str(args.steps), "--warmup", str(args.warmup),
-                       "--quality-tokens", str(args.quality_tokens)]
+                       "--quality-tokens", str(args.quality_tokens),
+                       "--rate-scaling", args.rate_scaling]
             command += [f"--set={override}" for override in args.set or []]
             output = subprocess.run(command, capture_output=True, text=True,
                                     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
@@ -250,7 +265,8 @@ def main():
             ref, best = (results[k]["validation_loss"] for k in ("reference", "best"))
             warmups = [results[k]["quality_warmup_steps"] for k in ("reference", "best")]
             print(f"validation loss after {args.quality_tokens:,} target tokens (warmup "
-                  f"{warmups[0]} / {warmups[1]} steps): reference {ref:.4f}, best {best:.4f} "
+                  f"{warmups[0]} / {warmups[1]} steps, {args.rate_scaling} rate scaling): "
+                  f"reference {ref:.4f}, best {best:.4f} "
                   f"({100 * (best - ref) / ref:+.1f}%)")
 
 
@@ -283,7 +299,8 @@ def report(result: dict, peaks: dict) -> None:
             f"MFU {100 * mfu32:.0f}% of float32 / {100 * mfu16:.0f}% of bfloat16 peak")
     if "validation_loss" in result:
         line += (f", validation loss {result['validation_loss']:.4f} after "
-                 f"{result['quality_warmup_steps']}-step warmup")
+                 f"{result['quality_warmup_steps']}-step warmup, rate scale "
+                 f"{result['quality_rate_scale']:.2f}")
     print(line, flush=True)
 
 

@@ -1,0 +1,56 @@
+"""The arithmetic of `benchmarks/train.py`: the FLOP count behind its MFU figures and the
+token-matched schedule behind its equal-token quality check."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from keras_transformer.config import REPO_ROOT, ModelConfig
+from keras_transformer.data import BatchStats
+from keras_transformer.schedules import TransformerSchedule
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_train",
+                                                  REPO_ROOT / "benchmarks" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def stats(batches, target_tokens):
+    return BatchStats(batches=batches, pairs=0, shapes=[], source_tokens=0,
+                      target_tokens=target_tokens, padded_source_tokens=0,
+                      padded_target_tokens=0, max_padded_tokens=0)
+
+
+def test_flops_per_batch_counts_real_tokens_only(bench):
+    config = ModelConfig(num_layers=1, d_model=4, num_heads=1, dff=8, source_vocab_size=10,
+                         target_vocab_size=10)
+    source = np.array([[5, 6, 7, 0]])  # 3 real tokens
+    target = np.array([[5, 6, 0, 0]])  # 2 real tokens
+    d, ff, vocab = 4, 8, 10
+    encoder = 2 * (4 * d * d + 2 * d * ff) * 3 + 4 * d * 3 * 3
+    decoder = 2 * (8 * d * d + 2 * d * ff) * 2 + 4 * d * 2 * 2 + 4 * d * 3 * 2
+    forward = encoder + decoder + 2 * d * vocab * 2
+    assert bench.flops_per_batch(config, source, target) == 3 * forward
+    # More padding does not change the count.
+    assert bench.flops_per_batch(config, np.pad(source, ((0, 0), (0, 5))),
+                                 np.pad(target, ((0, 0), (0, 5)))) == 3 * forward
+
+
+@pytest.mark.parametrize("rate_scaling, rate_ratio", [("sqrt", 2.0), ("linear", 4.0)])
+def test_token_matched_schedule_scales_the_rate_per_token(bench, rate_scaling, rate_ratio):
+    """Batches of 4x the reference's target tokens: warmup 4x shorter in steps; at every token
+    count of the warmup the rate is sqrt(4) = 2x (sqrt) or 4x (linear) the reference's."""
+    reference, larger = stats(100, 100 * 800), stats(25, 25 * 3200)
+    assert bench.token_matched_schedule(4000, reference, reference, rate_scaling) == (4000, 1.0)
+    warmup, scale = bench.token_matched_schedule(4000, reference, larger, rate_scaling)
+    assert warmup == 1000
+    reference_rate = TransformerSchedule(128, 4000)
+    larger_rate = TransformerSchedule(128, warmup, scale=scale)
+    for tokens in (80_000, 1_600_000, 3_200_000):  # reference steps 100, 2000, 4000
+        ratio = float(larger_rate(tokens // 3200)) / float(reference_rate(tokens // 800))
+        assert ratio == pytest.approx(rate_ratio, rel=1e-5)
