@@ -30,12 +30,14 @@ def _info(args) -> int:
     import keras_transformer
     from keras_transformer.config import ModelConfig, preset_names
     from keras_transformer.model import count_parameters
+    from keras_transformer.training import resolve_precision
 
     print(f"keras-transformer {keras_transformer.__version__}")
     print(f"tensorflow {tf.__version__}, tensorflow-text {tensorflow_text.__version__}, "
           f"keras {keras.__version__}")
     for device in tf.config.list_physical_devices():
         print(f"device {device.device_type}: {device.name}")
+    print(f"train.precision auto: {resolve_precision('auto')}")
     for name in args.preset or preset_names():
         config = ModelConfig.from_preset(name)
         print(f"preset {name}: {config.num_layers} layers, d_model {config.d_model}, "

@@ -143,7 +143,7 @@ class TrainConfig:
     label_smoothing: float = 0.1
     accumulate_steps: int = 1  # gradient accumulation: effective batch = accumulate_steps batches
     strategy: str = "auto"  # auto | mirrored | multi_worker | one_device | tpu
-    precision: str = "float32"  # float32 | mixed_bfloat16 | mixed_float16
+    precision: str = "float32"  # float32 | mixed_bfloat16 | mixed_float16 | auto (per machine)
     jit_compile: bool = False
     validation_bleu_sentences: int = 200  # greedy-decoded each epoch for BLEU; 0 disables
     early_stopping_patience: Optional[int] = None  # epochs without BLEU improvement
@@ -158,7 +158,7 @@ class TrainConfig:
         _check_choice("train.strategy", self.strategy,
                       ("auto", "mirrored", "multi_worker", "one_device", "tpu"))
         _check_choice("train.precision", self.precision,
-                      ("float32", "mixed_bfloat16", "mixed_float16"))
+                      ("float32", "mixed_bfloat16", "mixed_float16", "auto"))
 
 
 @dataclasses.dataclass

@@ -4,12 +4,14 @@ import subprocess
 import sys
 
 from keras_transformer import cli
+from keras_transformer.training import resolve_precision
 
 
 def test_info_prints_versions_and_preset_parameters(capsys):
     assert cli.main(["info", "--preset", "base"]) == 0
     out = capsys.readouterr().out
     assert "tensorflow 2.21" in out
+    assert f"train.precision auto: {resolve_precision('auto')}" in out
     assert "preset base: 6 layers, d_model 512" in out and "63,082,496 parameters" in out
 
 

@@ -113,6 +113,45 @@ def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, 
         keras.config.set_dtype_policy("float32")
 
 
+@pytest.mark.parametrize("flags, native", [
+    ("fpu sse2 avx2 fma avx512f amx_bf16 amx_tile", True),  # Sapphire Rapids
+    ("fpu sse2 avx2 avx512f avx512_bf16", True),  # Cooper Lake, Zen 4
+    ("fpu sse2 avx2 fma avx512f avx512bw", False),  # Skylake: bfloat16 only emulated
+    ("fpu sse2 avx2 fma sha_ni", False),  # Zen 1-3
+])
+def test_cpu_bfloat16_support_is_read_from_the_flags(tmp_path, flags, native):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n"
+                       f"bogomips\t: 4000\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+    assert training.cpu_has_native_bfloat16(cpuinfo) is native
+
+
+def test_cpu_bfloat16_support_is_false_without_cpuinfo(tmp_path):
+    assert training.cpu_has_native_bfloat16(tmp_path / "missing") is False
+    (tmp_path / "no_flags").write_text("processor\t: 0\n")
+    assert training.cpu_has_native_bfloat16(tmp_path / "no_flags") is False
+
+
+@pytest.mark.parametrize("capabilities, native_cpu, policy", [
+    ([], True, "mixed_bfloat16"),
+    ([], False, "float32"),
+    ([(8, 0), (9, 0)], False, "mixed_bfloat16"),  # A100, H100
+    ([(7, 0), (8, 6)], True, "mixed_float16"),  # the oldest GPU decides
+    ([(6, 1)], True, "float32"),  # no tensor cores
+])
+def test_auto_precision_follows_the_hardware(monkeypatch, capabilities, native_cpu, policy):
+    gpus = [f"GPU:{i}" for i in range(len(capabilities))]
+    details = dict(zip(gpus, capabilities))
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: list(gpus) if kind == "GPU" else ["CPU:0"])
+    monkeypatch.setattr(tf.config.experimental, "get_device_details",
+                        lambda gpu: {"compute_capability": details[gpu]})
+    monkeypatch.setattr(training, "cpu_has_native_bfloat16", lambda: native_cpu)
+    assert training.resolve_precision("auto") == policy
+    for explicit in ("float32", "mixed_bfloat16", "mixed_float16"):
+        assert training.resolve_precision(explicit) == explicit
+
+
 def test_gradient_accumulation_updates_once_per_accumulated_batches(tiny_experiment, tmp_path):
     config = tiny_experiment(epochs=1, steps_per_epoch=4, accumulate_steps=2,
                              validation_bleu_sentences=0, strategy="one_device")
