@@ -324,16 +324,45 @@ def test_cli_export_translate_evaluate(run_dir, tmp_path):
     assert "case:lc" in out and "tok:13a" in out  # sacreBLEU signatures
 
 
-def test_cli_tune_search_scores_every_beam_and_alpha(run_dir, tmp_path):
-    """The grid is decoded in full, in order, the best is kept, and bad input is refused. (The
-    random model scores 0 everywhere, so the score equality below is a weak check.)"""
+@pytest.fixture(scope="module")
+def varied_run_dir(run_dir, random_translation_model, tmp_path_factory):
+    """`run_dir` with a weaker END bias (0.8), under which each beam size and alpha of the
+    tune-search test's grid gives other, non-empty outputs for its sentences."""
+    import shutil
+
+    from keras_transformer.tokenizers import END_ID
+
+    model, _ = random_translation_model
+    original = model.final_layer.bias.numpy()
+    run = tmp_path_factory.mktemp("varied_run") / "run"
+    shutil.copytree(run_dir, run)
+    bias = original.copy()
+    bias[END_ID] = 0.8
+    model.final_layer.bias.assign(bias)
+    try:
+        model.save_weights(run / "best.weights.h5")
+    finally:
+        model.final_layer.bias.assign(original)
+    return run
+
+
+def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
+    """Each row's score is its own setting's: the references are beam 3 / alpha 1.5's outputs,
+    so that setting scores 100 and is the best, and every row equals the score of its setting's
+    outputs decoded separately. Bad input is refused."""
     import json
 
     from keras_transformer.evaluation import score, translate_texts
     from keras_transformer.translator import translator_from_run
 
+    run_dir = varied_run_dir
+    grid = [(1, 0.0), (1, 1.5), (3, 0.0), (3, 1.5)]
     sources = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt Fahrrad.", "Eine Frau singt."]
-    references = ["Two dogs play in the snow.", "A man rides a bike.", "A woman sings."]
+    translators = [translator_from_run(run_dir, beam_size=b, alpha=a) for b, a in grid]  # alive
+    outputs = [translate_texts(t.translate_beam, sources) for t in translators]
+    references = outputs[3]
+    assert all(references) and len({tuple(o) for o in outputs}) == len(grid)
+
     source, reference, output = tmp_path / "src", tmp_path / "ref", tmp_path / "search.json"
     source.write_text("\n".join(sources) + "\n")
     reference.write_text("\n".join(references) + "\n")
@@ -342,14 +371,13 @@ def test_cli_tune_search_scores_every_beam_and_alpha(run_dir, tmp_path):
                               "--alpha", "0,1.5", "--output", str(output)])
     assert code == 0, err
     tuned = json.loads(output.read_text())
-    grid = [(row["beam_size"], row["alpha"]) for row in tuned["results"]]
-    assert grid == [(1, 0.0), (1, 1.5), (3, 0.0), (3, 1.5)]
-    assert tuned["best"]["bleu"] == max(row["bleu"] for row in tuned["results"])
-    assert f"best: --beam {tuned['best']['beam_size']}" in out and "tok:13a" in out
-
-    translator = translator_from_run(run_dir, beam_size=3, alpha=1.5)  # kept alive while used
-    expected = translate_texts(translator.translate_beam, sources)
-    assert tuned["results"][3]["bleu"] == score(expected, references)["bleu"]
+    assert [(row["beam_size"], row["alpha"]) for row in tuned["results"]] == grid
+    for row, hypotheses in zip(tuned["results"], outputs):
+        assert row["bleu"] == score(hypotheses, references)["bleu"]
+    assert tuned["results"][3]["bleu"] == pytest.approx(100.0)
+    assert max(row["bleu"] for row in tuned["results"][:3]) < 100.0
+    assert (tuned["best"]["beam_size"], tuned["best"]["alpha"]) == (3, 1.5)
+    assert "best: --beam 3 --alpha 1.5" in out and "tok:13a" in out
 
     code, _, err = run_cli(["tune-search", "--run", str(run_dir), "--source", str(source),
                             "--reference", str(tmp_path / "missing")])
