@@ -310,13 +310,16 @@ class TokensPerSecond(keras.callbacks.Callback):
 
 
 class ResumeLogger(keras.callbacks.Callback):
-    """Logs where training starts: epoch and optimizer step (non-zero after a resume)."""
+    """Logs where training starts: epoch and optimizer step (non-zero after a resume), and on
+    how many replicas and in which precision (what `train.precision: auto` resolved to)."""
 
     def on_train_begin(self, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
         epoch = getattr(self.model, "_initial_epoch", None) or 0
         message = (f"resuming at epoch {epoch + 1}, optimizer step {step}" if step
                    else "starting from scratch")
+        message += (f" ({self.model.distribute_strategy.num_replicas_in_sync} replica(s), "
+                    f"{self.model.dtype_policy.name})")
         logger.info(message)
         print(f"keras-transformer train: {message}", flush=True)
 

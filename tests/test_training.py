@@ -94,11 +94,13 @@ def test_average_is_the_elementwise_mean(mirrored_run):
         training.average_checkpoints(run_dir, 2, upper_bound=1)
 
 
-def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, tmp_path):
+def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, tmp_path,
+                                                               capsys):
     config = tiny_experiment(epochs=1, steps_per_epoch=2,
                              precision="mixed_bfloat16", validation_bleu_sentences=4,
                              strategy="one_device")
     history = training.train(config, tmp_path, verbose=0)
+    assert "starting from scratch (1 replica(s), mixed_bfloat16)" in capsys.readouterr().out
     assert np.isfinite(history.history["loss"][0]) and np.isfinite(history.history["val_loss"][0])
     import keras
 
@@ -222,8 +224,9 @@ def test_killed_run_resumes_from_its_backup(tiny_experiment, tmp_path):
     line = next(l for l in resumed.stdout.splitlines() if "keras-transformer train: " in l)
     assert "resuming at epoch" in line, line
     epoch = int(line.split("resuming at epoch ")[1].split(",")[0])
-    step = int(line.split("optimizer step ")[1])
+    step = int(line.split("optimizer step ")[1].split()[0])
     assert epoch >= 2 and step >= 2
+    assert line.endswith("(1 replica(s), float32)"), line
     assert (run_dir / "checkpoints" / "epoch_006.weights.h5").exists()
 
 
