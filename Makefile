@@ -15,11 +15,15 @@ $(BIN)/keras-transformer: setup.cfg pyproject.toml
 
 install: $(BIN)/keras-transformer
 
+# Two pytest workers, each keeping a test file to itself (module-scoped tokenizer fixtures stay
+# in one process): 7.9 instead of 10.7 minutes on 2 cores; the slowest tests are listed.
+PYTEST_ARGS ?= -n 2 --dist loadfile --durations=10
+
 test: install  ## the default test suite (slow tests skipped)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-all: install  ## every test, including the slow ones
-	$(BIN)/python -m pytest -q -m ""
+	$(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
 
 demo: install  ## the main job on real Multi30k German-English
 	bash experiments/demo.sh
