@@ -403,7 +403,6 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
             validation_callback = ValidationBleu(
                 validation_pairs.take(config.train.validation_bleu_sentences),
                 source_tokenizer, target_tokenizer, config, run_dir / "logs" / "validation")
-        logger.info("training %s on %d replica(s), %s", config.name, replicas, precision)
         return model.fit(
             train_batches,
             validation_data=validation_batches.repeat(),
