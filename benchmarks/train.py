@@ -1,6 +1,6 @@
 """Training throughput: the tutorial's recipe against this package's best, on the same model.
 
-    python benchmarks/train.py [--preset tutorial] [--steps 60] [--quality-tokens 0]
+    python benchmarks/train.py [--preset tutorial] [--steps 60] [--quality-tokens 0] [--seeds 1]
 
 Each configuration runs in its own process (so peak memory and thread settings are its own):
 `model.fit` over batches taken from Multi30k German-English, timing every step after a warmup
@@ -16,6 +16,8 @@ for 4000 / k steps. Under the inverse-square-root schedule that gives it sqrt(k)
 reference's rate at every token count (the square-root scaling of the rate with the batch);
 --rate-scaling linear multiplies its rate by a further sqrt(k), k times the reference's (the
 linear scaling rule of Goyal et al., 2017, as Ott et al., 2018 used for large-batch NMT).
+With --seeds 1,2,3 every configuration runs once per seed (initial weights and batch order), and
+the comparison is made seed by seed, then averaged, so that a gap can be told from seed noise.
 
 Configurations:
   reference  the tf.text tutorial's recipe: 64-sentence batches padded to their longest member,
@@ -112,12 +114,12 @@ def worker(args) -> dict:
     })
     # Seeded before the tokenizers load: tf.random.set_seed clears the eager kernel cache and
     # with it loaded SentencePiece models (seeding later broke --quality-tokens).
-    keras.utils.set_random_seed(1)
+    keras.utils.set_random_seed(args.seed)
     source_tokenizer, target_tokenizer = data_lib.load_tokenizers(config.data, args.vocab_dir)
     config = training.with_vocab_sizes(config, source_tokenizer, target_tokenizer)
     pairs = data_lib.load_pairs(config.data, "train")
     if spec["batching"] == "fixed64":
-        dataset = data_lib.fixed_size_batches(pairs.shuffle(30000, seed=1), source_tokenizer,
+        dataset = data_lib.fixed_size_batches(pairs.shuffle(30000, seed=args.seed), source_tokenizer,
                                               target_tokenizer, config.data, batch_size=64)
     else:
         dataset = data_lib.make_batches(pairs, source_tokenizer, target_tokenizer, config.data,
@@ -126,7 +128,7 @@ def worker(args) -> dict:
     keras.config.set_dtype_policy(precision)
     model = training.build_model(config)
 
-    result = {"config": args.config, **spec, "precision": precision}
+    result = {"config": args.config, **spec, "precision": precision, "seed": args.seed}
     steps = args.warmup + args.steps
     # distinct=N cycles the first N batches: with jit_compile, a warmup of at least N steps
     # then compiles every shape the timed steps use (XLA compiles once per shape).
@@ -166,6 +168,7 @@ def worker(args) -> dict:
         warmup, scale = token_matched_schedule(
             REFERENCE_WARMUP_STEPS, data_lib.batch_stats(reference),
             data_lib.batch_stats(dataset), args.rate_scaling)
+        result.update(quality_tokens=args.quality_tokens, rate_scaling=args.rate_scaling)
         result["quality_warmup_steps"] = warmup
         result["quality_rate_scale"] = scale
         result["validation_loss"] = quality(args, config, dataset, source_tokenizer,
@@ -222,6 +225,9 @@ def main():
     parser.add_argument("--rate-scaling", choices=("sqrt", "linear"), default="sqrt",
                         help="how --quality-tokens scales the learning rate with the batch's "
                              "target tokens: sqrt(k) (the schedule's own) or k times")
+    parser.add_argument("--seeds", default="1",
+                        help="comma-separated random seeds; every configuration runs once per "
+                             "seed and best is compared with reference seed by seed")
     parser.add_argument("--configs", default="reference,best",
                         help=f"comma-separated, of {', '.join(CONFIGS)}")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -230,6 +236,7 @@ def main():
                              "bucket_step=16, distinct=20 (cycle the first 20 batches)")
     parser.add_argument("--config", help=argparse.SUPPRESS)  # worker mode
     parser.add_argument("--vocab-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.data_dir:
         parser.error("set --data-dir or KERAS_TRANSFORMER_DATA to the Multi30k folder")
@@ -244,30 +251,54 @@ def main():
         print(f"matmul peak: float32 {peaks['float32'] / 1e12:.2f} TFLOP/s, "
               f"bfloat16 {peaks['bfloat16'] / 1e12:.2f} TFLOP/s")
         results = {}
-        for name in args.configs.split(","):
-            command = [sys.executable, __file__, "--config", name, "--vocab-dir", vocab_dir,
-                       "--data-dir", args.data_dir, "--preset", args.preset,
-                       "--steps", str(args.steps), "--warmup", str(args.warmup),
-                       "--quality-tokens", str(args.quality_tokens),
-                       "--rate-scaling", args.rate_scaling]
-            command += [f"--set={override}" for override in args.set or []]
-            output = subprocess.run(command, capture_output=True, text=True,
-                                    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-            if output.returncode:
-                sys.exit(f"configuration {name} failed:\n{output.stderr[-3000:]}")
-            results[name] = json.loads(output.stdout.strip().splitlines()[-1])
-            report(results[name], peaks)
+        for seed in [int(seed) for seed in args.seeds.split(",")]:
+            for name in args.configs.split(","):
+                command = [sys.executable, __file__, "--config", name, "--vocab-dir", vocab_dir,
+                           "--data-dir", args.data_dir, "--preset", args.preset,
+                           "--steps", str(args.steps), "--warmup", str(args.warmup),
+                           "--quality-tokens", str(args.quality_tokens),
+                           "--rate-scaling", args.rate_scaling, "--seed", str(seed)]
+                command += [f"--set={override}" for override in args.set or []]
+                output = subprocess.run(command, capture_output=True, text=True,
+                                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                if output.returncode:
+                    sys.exit(f"configuration {name} (seed {seed}) failed:\n"
+                             f"{output.stderr[-3000:]}")
+                result = json.loads(output.stdout.strip().splitlines()[-1])
+                results.setdefault(name, []).append(result)
+                report(result, peaks)
     if "reference" in results and "best" in results:
-        ratio = (results["best"]["target_tokens_per_second"]
-                 / results["reference"]["target_tokens_per_second"])
-        print(f"best / reference: {ratio:.2f}x target tokens/s")
-        if args.quality_tokens:
-            ref, best = (results[k]["validation_loss"] for k in ("reference", "best"))
-            warmups = [results[k]["quality_warmup_steps"] for k in ("reference", "best")]
-            print(f"validation loss after {args.quality_tokens:,} target tokens (warmup "
-                  f"{warmups[0]} / {warmups[1]} steps, {args.rate_scaling} rate scaling): "
-                  f"reference {ref:.4f}, best {best:.4f} "
-                  f"({100 * (best - ref) / ref:+.1f}%)")
+        for line in compare(results["reference"], results["best"]):
+            print(line)
+
+
+def compare(reference: list, best: list) -> list:
+    """Summary lines for the best / reference comparison, from one result of each per seed
+    (paired by seed): the ratio of mean target tokens/s and, with validation losses, the
+    relative gap of each seed, their mean and their range."""
+    def mean(values):
+        return sum(values) / len(values)
+
+    pairs = [(r, b) for r in reference for b in best if r["seed"] == b["seed"]]
+    if not pairs:
+        raise ValueError("reference and best share no seed: nothing to compare")
+    speed = (mean([b["target_tokens_per_second"] for _, b in pairs])
+             / mean([r["target_tokens_per_second"] for r, _ in pairs]))
+    lines = [f"best / reference: {speed:.2f}x target tokens/s"]
+    if "validation_loss" in pairs[0][0]:
+        gaps = [(b["validation_loss"] - r["validation_loss"]) / r["validation_loss"]
+                for r, b in pairs]
+        per_seed = ", ".join(
+            f"seed {r['seed']}: reference {r['validation_loss']:.4f}, best "
+            f"{b['validation_loss']:.4f} ({100 * gap:+.1f}%)" for (r, b), gap in zip(pairs, gaps))
+        r, b = pairs[0]
+        lines.append(f"validation loss after {r['quality_tokens']:,} target tokens (warmup "
+                     f"{r['quality_warmup_steps']} / {b['quality_warmup_steps']} steps, "
+                     f"{r['rate_scaling']} rate scaling): {per_seed}")
+        if len(gaps) > 1:
+            lines.append(f"best - reference over {len(gaps)} seeds: mean {100 * mean(gaps):+.1f}%,"
+                         f" from {100 * min(gaps):+.1f}% to {100 * max(gaps):+.1f}%")
+    return lines
 
 
 def build_vocabulary(data_dir: str, vocab_dir: str) -> None:

@@ -54,3 +54,30 @@ def test_token_matched_schedule_scales_the_rate_per_token(bench, rate_scaling, r
     for tokens in (80_000, 1_600_000, 3_200_000):  # reference steps 100, 2000, 4000
         ratio = float(larger_rate(tokens // 3200)) / float(reference_rate(tokens // 800))
         assert ratio == pytest.approx(rate_ratio, rel=1e-5)
+
+
+def result(seed, tokens_per_second, validation_loss=None):
+    figures = {"seed": seed, "target_tokens_per_second": tokens_per_second}
+    if validation_loss is not None:
+        figures.update(validation_loss=validation_loss, quality_tokens=1000,
+                       quality_warmup_steps=4000 if tokens_per_second < 2000 else 2000,
+                       rate_scaling="sqrt")
+    return figures
+
+
+def test_compare_pairs_seeds_and_averages_the_gaps(bench):
+    reference = [result(1, 1000, 4.0), result(2, 1000, 5.0)]
+    best = [result(2, 3000, 5.5), result(1, 2000, 4.0)]  # out of order: paired by seed
+    speed, losses, spread = bench.compare(reference, best)
+    assert speed == "best / reference: 2.50x target tokens/s"
+    assert "warmup 4000 / 2000 steps" in losses
+    assert "seed 1: reference 4.0000, best 4.0000 (+0.0%)" in losses
+    assert "seed 2: reference 5.0000, best 5.5000 (+10.0%)" in losses
+    assert spread == "best - reference over 2 seeds: mean +5.0%, from +0.0% to +10.0%"
+
+
+def test_compare_without_quality_or_common_seed(bench):
+    assert bench.compare([result(1, 1000)], [result(1, 1500)]) == [
+        "best / reference: 1.50x target tokens/s"]
+    with pytest.raises(ValueError, match="no seed"):
+        bench.compare([result(1, 1000)], [result(2, 1500)])
