@@ -119,8 +119,9 @@ def worker(args) -> dict:
     config = training.with_vocab_sizes(config, source_tokenizer, target_tokenizer)
     pairs = data_lib.load_pairs(config.data, "train")
     if spec["batching"] == "fixed64":
-        dataset = data_lib.fixed_size_batches(pairs.shuffle(30000, seed=args.seed), source_tokenizer,
-                                              target_tokenizer, config.data, batch_size=64)
+        dataset = data_lib.fixed_size_batches(pairs.shuffle(30000, seed=args.seed),
+                                              source_tokenizer, target_tokenizer, config.data,
+                                              batch_size=64)
     else:
         dataset = data_lib.make_batches(pairs, source_tokenizer, target_tokenizer, config.data,
                                         training=True)
@@ -168,9 +169,8 @@ def worker(args) -> dict:
         warmup, scale = token_matched_schedule(
             REFERENCE_WARMUP_STEPS, data_lib.batch_stats(reference),
             data_lib.batch_stats(dataset), args.rate_scaling)
-        result.update(quality_tokens=args.quality_tokens, rate_scaling=args.rate_scaling)
-        result["quality_warmup_steps"] = warmup
-        result["quality_rate_scale"] = scale
+        result.update(quality_tokens=args.quality_tokens, rate_scaling=args.rate_scaling,
+                      quality_warmup_steps=warmup, quality_rate_scale=scale)
         result["validation_loss"] = quality(args, config, dataset, source_tokenizer,
                                             target_tokenizer, warmup, scale)
     return result
@@ -290,14 +290,14 @@ def compare(reference: list, best: list) -> list:
                 for r, b in pairs]
         per_seed = ", ".join(
             f"seed {r['seed']}: reference {r['validation_loss']:.4f}, best "
-            f"{b['validation_loss']:.4f} ({100 * gap:+.1f}%)" for (r, b), gap in zip(pairs, gaps))
+            f"{b['validation_loss']:.4f} ({100 * gap:+.2f}%)" for (r, b), gap in zip(pairs, gaps))
         r, b = pairs[0]
         lines.append(f"validation loss after {r['quality_tokens']:,} target tokens (warmup "
                      f"{r['quality_warmup_steps']} / {b['quality_warmup_steps']} steps, "
                      f"{r['rate_scaling']} rate scaling): {per_seed}")
         if len(gaps) > 1:
-            lines.append(f"best - reference over {len(gaps)} seeds: mean {100 * mean(gaps):+.1f}%,"
-                         f" from {100 * min(gaps):+.1f}% to {100 * max(gaps):+.1f}%")
+            lines.append(f"best - reference over {len(gaps)} seeds: mean {100 * mean(gaps):+.2f}%,"
+                         f" from {100 * min(gaps):+.2f}% to {100 * max(gaps):+.2f}%")
     return lines
 
 

@@ -71,9 +71,9 @@ def test_compare_pairs_seeds_and_averages_the_gaps(bench):
     speed, losses, spread = bench.compare(reference, best)
     assert speed == "best / reference: 2.50x target tokens/s"
     assert "warmup 4000 / 2000 steps" in losses
-    assert "seed 1: reference 4.0000, best 4.0000 (+0.0%)" in losses
-    assert "seed 2: reference 5.0000, best 5.5000 (+10.0%)" in losses
-    assert spread == "best - reference over 2 seeds: mean +5.0%, from +0.0% to +10.0%"
+    assert "seed 1: reference 4.0000, best 4.0000 (+0.00%)" in losses
+    assert "seed 2: reference 5.0000, best 5.5000 (+10.00%)" in losses
+    assert spread == "best - reference over 2 seeds: mean +5.00%, from +0.00% to +10.00%"
 
 
 def test_compare_without_quality_or_common_seed(bench):
