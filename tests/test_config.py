@@ -1,5 +1,7 @@
 """Config dataclasses: presets, validation errors that name field and value, YAML round trip."""
 
+from pathlib import Path
+
 import pytest
 
 from keras_transformer.config import (
@@ -20,6 +22,14 @@ def test_presets_hold_the_papers_and_tutorials_models():
     assert (base.num_layers, base.d_model, base.dff, base.num_heads, base.dropout) == (6, 512, 2048, 8, 0.1)
     big = ModelConfig.from_preset("big")
     assert (big.num_layers, big.d_model, big.dff, big.num_heads, big.dropout) == (6, 1024, 4096, 16, 0.3)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "experiments").glob("*.yaml")),
+                         ids=lambda path: path.stem)
+def test_every_experiment_file_loads_and_is_named_after_itself(path):
+    config = ExperimentConfig.from_yaml(path)
+    assert config.name == path.stem
+    assert config.data.source_lang != config.data.target_lang
 
 
 def test_preset_overrides():
