@@ -1,10 +1,9 @@
 """Config dataclasses: presets, validation errors that name field and value, YAML round trip."""
 
-from pathlib import Path
-
 import pytest
 
 from keras_transformer.config import (
+    REPO_ROOT,
     ConfigError,
     DataConfig,
     ExperimentConfig,
@@ -24,7 +23,7 @@ def test_presets_hold_the_papers_and_tutorials_models():
     assert (big.num_layers, big.d_model, big.dff, big.num_heads, big.dropout) == (6, 1024, 4096, 16, 0.3)
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "experiments").glob("*.yaml")),
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "experiments").glob("*.yaml")),
                          ids=lambda path: path.stem)
 def test_every_experiment_file_loads_and_is_named_after_itself(path):
     config = ExperimentConfig.from_yaml(path)
