@@ -107,6 +107,13 @@ class DataConfig:
     tokens_per_batch: int = 4096  # padded source (and target) tokens in one global batch
     bucket_step: int = 8  # batches are padded to a multiple of this length
     shuffle_buffer: int = 30000
+    # Subword regularization (Kudo 2018), sentencepiece only: every epoch samples a new
+    # segmentation of each training sentence, both sides. sp_nbest_size 0 (or 1): off, the one
+    # best segmentation; -1: sample from all segmentations; n > 1: from the n best. sp_alpha:
+    # the smoothing, larger is closer to the best segmentation. OpenNMT-tf's names; validation,
+    # decoding and the export never sample.
+    sp_nbest_size: int = 0
+    sp_alpha: float = 0.1
     cache: bool = True  # keep tokenized training pairs in memory; turn off for corpora beyond RAM
     tfds_data_dir: Optional[str] = None  # where tfds prepares datasets; None: ~/tensorflow_datasets
 
@@ -114,10 +121,22 @@ class DataConfig:
         _check_choice("data.tokenizer", self.tokenizer, ("sentencepiece", "wordpiece"))
         for name in ("vocab_size", "max_length", "tokens_per_batch", "bucket_step"):
             _check_positive(f"data.{name}", getattr(self, name))
+        if self.subword_sampling:
+            if self.tokenizer != "sentencepiece":
+                raise ConfigError(f"data.sp_nbest_size={self.sp_nbest_size} samples SentencePiece "
+                                  f"segmentations, but data.tokenizer={self.tokenizer!r}")
+            if not self.sp_alpha > 0:
+                raise ConfigError(f"data.sp_alpha={self.sp_alpha} must be > 0 when "
+                                  f"data.sp_nbest_size={self.sp_nbest_size} (sampling is on)")
         if self.tokens_per_batch < self.max_length:
             raise ConfigError(
                 f"data.tokens_per_batch={self.tokens_per_batch} is smaller than "
                 f"data.max_length={self.max_length}: the longest pair would not fit in a batch")
+
+    @property
+    def subword_sampling(self) -> bool:
+        """Whether training batches sample segmentations (`sp_nbest_size` other than 0 and 1)."""
+        return self.sp_nbest_size not in (0, 1)
 
     def resolved_data_dir(self) -> Path:
         """The local data folder: `data_dir`, else $KERAS_TRANSFORMER_DATA (an error if neither)."""

@@ -359,16 +359,25 @@ def make_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
     Pairs with an empty side or longer than `max_length` are dropped (`pair_stats` counts them).
 
     Tokenized pairs are cached in memory (after the first pass); with `training` they are
-    reshuffled each epoch. With `num_replicas > 1`, batch sizes are multiples of `num_replicas`
+    reshuffled each epoch. With a sampling tokenizer (subword regularization, see
+    `tokenizers.training_tokenizers`) and `training`, the text pairs are cached instead and
+    tokenized again each epoch, so every epoch sees new segmentations (and the `max_length`
+    filter applies to each epoch's). With `num_replicas > 1`, batch sizes are multiples of `num_replicas`
     and a bucket's last, smaller batch is left out unless it also divides evenly, so every
     replica gets the same number of pairs; each epoch's shuffle leaves out different pairs.
     """
     bucket_batch_sizes(data_config, num_replicas)  # fails early if a longest pair cannot fit
-    examples = _filtered_examples(pairs, source_tokenizer, target_tokenizer, data_config)
-    if data_config.cache:
-        examples = examples.cache()
-    if training:
-        examples = examples.shuffle(data_config.shuffle_buffer, reshuffle_each_iteration=True)
+    if training and (source_tokenizer.samples or target_tokenizer.samples):
+        if data_config.cache:
+            pairs = pairs.cache()
+        pairs = pairs.shuffle(data_config.shuffle_buffer, reshuffle_each_iteration=True)
+        examples = _filtered_examples(pairs, source_tokenizer, target_tokenizer, data_config)
+    else:
+        examples = _filtered_examples(pairs, source_tokenizer, target_tokenizer, data_config)
+        if data_config.cache:
+            examples = examples.cache()
+        if training:
+            examples = examples.shuffle(data_config.shuffle_buffer, reshuffle_each_iteration=True)
     batches = examples.group_by_window(
         key_func=functools.partial(_bucket_key, config=data_config),
         reduce_func=functools.partial(_pad_bucket, config=data_config, num_replicas=num_replicas),

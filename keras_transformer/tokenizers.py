@@ -70,6 +70,7 @@ class Tokenizer(tf.Module):
     """
 
     vocab_size: int
+    samples = False  # whether `tokenize` samples a segmentation (subword regularization)
 
     def __init__(self, name=None):
         super().__init__(name=name)
@@ -109,16 +110,21 @@ class Tokenizer(tf.Module):
 class SentencePieceTokenizer(Tokenizer):
     """SentencePiece model run by tf-text; `model_path` is tracked as a SavedModel asset.
 
-    The model must use the reserved ids (see `train_sentencepiece`).
+    The model must use the reserved ids (see `train_sentencepiece`). With `nbest_size` other
+    than 0 and 1, `tokenize` samples a segmentation at every call (Kudo 2018; see
+    `DataConfig.sp_nbest_size`), for training batches only.
     """
 
-    def __init__(self, model_path: str | Path, name=None):
+    def __init__(self, model_path: str | Path, name=None, *, nbest_size: int = 0,
+                 alpha: float = 1.0):
         model_path = str(model_path)
         self.model_file = tf.saved_model.Asset(model_path)
         with tf.io.gfile.GFile(model_path, "rb") as f:
             model = f.read()
         self._check_reserved_ids(model, model_path)
-        self.tokenizer = text.SentencepieceTokenizer(model=model, out_type=tf.int32)
+        self.tokenizer = text.SentencepieceTokenizer(model=model, out_type=tf.int32,
+                                                     nbest_size=nbest_size, alpha=alpha)
+        self.samples = nbest_size not in (0, 1)
         self.vocab_size = int(self.tokenizer.vocab_size())
         super().__init__(name=name)
 
@@ -296,6 +302,22 @@ def build_tokenizers(data_config: DataConfig, train_pairs: tf.data.Dataset,
     (vocab_dir / META_FILE).write_text(json.dumps(settings, indent=2) + "\n")
     logger.info("wrote %s vocabulary to %s", data_config.tokenizer, vocab_dir)
     return load_tokenizers(data_config, vocab_dir)
+
+
+def training_tokenizers(data_config: DataConfig, source: Tokenizer,
+                        target: Tokenizer) -> tuple[Tokenizer, Tokenizer]:
+    """The tokenizers for training batches: with subword regularization on
+    (`data.sp_nbest_size`), a sampling copy of the joint SentencePiece model for both sides;
+    otherwise (source, target) unchanged."""
+    if not data_config.subword_sampling:
+        return source, target
+    if not isinstance(source, SentencePieceTokenizer):
+        raise ConfigError(f"data.sp_nbest_size={data_config.sp_nbest_size} needs SentencePiece "
+                          f"tokenizers, got {type(source).__name__}")
+    sampler = SentencePieceTokenizer(source.model_file.asset_path.numpy().decode("utf-8"),
+                                     nbest_size=data_config.sp_nbest_size,
+                                     alpha=data_config.sp_alpha)
+    return sampler, sampler
 
 
 def _wordpiece_langs(data_config: DataConfig) -> tuple[str, str]:

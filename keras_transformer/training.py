@@ -31,7 +31,8 @@ from keras_transformer.config import ConfigError, ExperimentConfig
 from keras_transformer.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 from keras_transformer.model import PAD_ID, Transformer
 from keras_transformer.schedules import create_optimizer
-from keras_transformer.tokenizers import META_FILE, Tokenizer, build_tokenizers, load_tokenizers
+from keras_transformer.tokenizers import (META_FILE, Tokenizer, build_tokenizers, load_tokenizers,
+                                          training_tokenizers)
 
 logger = logging.getLogger(__name__)
 
@@ -368,8 +369,9 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     config.to_yaml(run_dir / CONFIG_FILE)
 
     train_pairs = data_lib.load_pairs(config.data, config.data.train_split)
-    train_batches = data_lib.make_batches(train_pairs, source_tokenizer, target_tokenizer,
-                                          config.data, training=True, num_replicas=replicas)
+    train_batches = data_lib.make_batches(
+        train_pairs, *training_tokenizers(config.data, source_tokenizer, target_tokenizer),
+        config.data, training=True, num_replicas=replicas)
     if config.train.steps_per_epoch:
         train_batches = train_batches.repeat()
     validation_pairs = data_lib.load_pairs(config.data, config.data.validation_split)

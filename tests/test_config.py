@@ -49,6 +49,17 @@ def test_model_config_errors_name_field_and_value(kwargs, message):
         ModelConfig(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(tokenizer="wordpiece", sp_nbest_size=-1),
+     "data.sp_nbest_size=-1 samples SentencePiece segmentations, but data.tokenizer='wordpiece'"),
+    (dict(sp_nbest_size=64, sp_alpha=0.0), "data.sp_alpha=0.0 must be > 0 when data.sp_nbest_size=64"),
+])
+def test_subword_sampling_errors_name_field_and_value(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        DataConfig(**kwargs)
+    assert not DataConfig(sp_nbest_size=1).subword_sampling
+
+
 def test_unknown_preset_lists_known_ones():
     with pytest.raises(ConfigError, match="unknown model preset 'huge'.*tutorial"):
         ModelConfig.from_preset("huge")

@@ -17,7 +17,7 @@ from keras_transformer.config import DATA_ENV, ConfigError, DataConfig
 from keras_transformer.data import (DataError, batch_stats, bucket_batch_sizes, bucket_lengths,
                                     fixed_size_batches, load_pairs, make_batches, pair_stats,
                                     read_parallel_lines, data_stats, format_data_stats)
-from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID
+from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID, training_tokenizers
 
 tfds.display_progress_bar(False)
 
@@ -236,6 +236,37 @@ def test_replica_count_divides_every_batch(sentencepiece_tokenizers, multi30k_co
                                         num_replicas=3))
     assert measured.batches > 0 and all(batch % 3 == 0 for batch, _, _ in measured.shapes)
     assert measured.max_padded_tokens <= config.tokens_per_batch
+
+
+def test_subword_sampling_resegments_training_pairs_every_epoch(sentencepiece_vocab,
+                                                                sentencepiece_tokenizers):
+    config, _ = sentencepiece_vocab
+    # max_length 256: no pair too long, even resegmented into more pieces.
+    config = DataConfig(**{**vars(config), "sp_nbest_size": -1, "sp_alpha": 0.2,
+                           "max_length": 256})
+    best, _ = sentencepiece_tokenizers
+    sampler, _ = training_tokenizers(config, best, best)
+    pairs = load_pairs(config, "validation")
+
+    def one_epoch(batches):
+        """Sorted (target text, target ids) of every pair in one pass over `batches`."""
+        found = []
+        for _, target_out in batches.as_numpy_iterator():
+            texts = [t.decode("utf-8") for t in best.detokenize(target_out).numpy()]
+            found += [(text, tuple(row[row != PAD_ID])) for text, row in zip(texts, target_out)]
+        return sorted(found)
+
+    sampled = make_batches(pairs, sampler, sampler, config, training=True)
+    first, second = one_epoch(sampled), one_epoch(sampled)
+    fixed = make_batches(pairs, best, best, config, training=True)
+    viterbi, again = one_epoch(fixed), one_epoch(fixed)
+    assert viterbi == again  # without sampling, a reshuffle changes only the order
+    references = sorted(t.decode("utf-8") for _, t in pairs.as_numpy_iterator())
+    for epoch in (first, second):
+        assert [text for text, _ in epoch] == references  # every pair, the text kept exactly
+    assert first != second and first != viterbi  # new segmentations each epoch
+    # Validation batches (training=False) never sample, whatever the tokenizer.
+    assert one_epoch(make_batches(pairs, best, best, config, training=False)) == viterbi
 
 
 def test_data_stats_report(sentencepiece_vocab, multi30k_dir):

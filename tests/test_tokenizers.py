@@ -13,7 +13,7 @@ from keras_transformer.config import ConfigError
 from keras_transformer.data import read_parallel_lines
 from keras_transformer.tokenizers import (END_ID, PAD_ID, SERVING_TF_TEXT_OPS, START_ID, UNK_ID,
                                           SentencePieceTokenizer, build_tokenizers,
-                                          load_tokenizers)
+                                          load_tokenizers, training_tokenizers)
 
 
 def _validation_sentences(multi30k_dir, lang):
@@ -35,6 +35,28 @@ def test_sentencepiece_round_trip_is_exact_on_validation(sentencepiece_tokenizer
     mismatches = [(s, b) for s, b in zip(sentences, back) if s != b]
     assert len(sentences) == 1014
     assert not mismatches, mismatches[:3]
+
+
+def test_subword_sampling_varies_segmentation_but_keeps_the_text(sentencepiece_vocab,
+                                                                sentencepiece_tokenizers,
+                                                                multi30k_dir):
+    config, _ = sentencepiece_vocab
+    best, _ = sentencepiece_tokenizers
+    assert training_tokenizers(config, best, best) == (best, best)  # sampling off by default
+    sampling = type(config)(**{**vars(config), "sp_nbest_size": -1, "sp_alpha": 0.2})
+    sampler, target_sampler = training_tokenizers(sampling, best, best)
+    assert sampler is target_sampler and sampler.samples and not best.samples
+    assert sampler.vocab_size == best.vocab_size
+    sentences = _validation_sentences(multi30k_dir, "de")[:200]
+    first, second = sampler.tokenize(sentences), sampler.tokenize(sentences)
+    viterbi = best.tokenize(sentences)
+    for ids in (first, second):
+        assert _decode(best.detokenize(ids)) == sentences
+        assert all(row[0] == START_ID and row[-1] == END_ID for row in ids.to_list())
+    changed = [a != b for a, b in zip(first.to_list(), viterbi.to_list())]
+    resampled = [a != b for a, b in zip(first.to_list(), second.to_list())]
+    assert sum(changed) > 100 and sum(resampled) > 100
+    assert tf.reduce_sum(first.row_lengths()) > tf.reduce_sum(viterbi.row_lengths())
 
 
 @pytest.mark.parametrize("side", [0, 1])

@@ -1,6 +1,7 @@
 """The training runner: a distributed run's files and TensorBoard scalars, resume after SIGKILL,
 checkpoint averaging, mixed precision, and errors for bad input."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -160,6 +161,26 @@ def test_gradient_accumulation_updates_once_per_accumulated_batches(tiny_experim
     optimizer = training.train(config, tmp_path, verbose=0).model.optimizer
     assert optimizer.gradient_accumulation_steps == 2
     assert int(optimizer.iterations.numpy()) == 2  # 4 batches, 2 updates
+
+
+def test_subword_sampling_reaches_the_training_batches_only(tiny_experiment, tmp_path,
+                                                            monkeypatch):
+    config = tiny_experiment(epochs=1, steps_per_epoch=2, validation_bleu_sentences=0,
+                             strategy="one_device")
+    config = dataclasses.replace(config, data=dataclasses.replace(
+        config.data, sp_nbest_size=-1, sp_alpha=0.5))
+    seen = []  # (training, source samples, target samples) of every make_batches call
+    make_batches = data_lib.make_batches
+
+    def spy(pairs, source, target, data_config, *, training, **kwargs):
+        seen.append((training, source.samples, target.samples))
+        return make_batches(pairs, source, target, data_config, training=training, **kwargs)
+
+    monkeypatch.setattr(data_lib, "make_batches", spy)
+    history = training.train(config, tmp_path, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert sorted(set(seen)) == [(False, False, False), (True, True, True)]
+    assert training.load_run_config(tmp_path).data.sp_nbest_size == -1
 
 
 def test_output_holding_another_run_is_refused_and_kept(mirrored_run, tiny_experiment):
