@@ -362,9 +362,10 @@ def make_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
     reshuffled each epoch. With a sampling tokenizer (subword regularization, see
     `tokenizers.training_tokenizers`) and `training`, the text pairs are cached instead and
     tokenized again each epoch, so every epoch sees new segmentations (and the `max_length`
-    filter applies to each epoch's). With `num_replicas > 1`, batch sizes are multiples of `num_replicas`
-    and a bucket's last, smaller batch is left out unless it also divides evenly, so every
-    replica gets the same number of pairs; each epoch's shuffle leaves out different pairs.
+    filter applies to each epoch's). With `num_replicas > 1`, batch sizes are multiples of
+    `num_replicas` and a bucket's last, smaller batch is left out unless it also divides evenly,
+    so every replica gets the same number of pairs; each epoch's shuffle leaves out different
+    pairs.
     """
     bucket_batch_sizes(data_config, num_replicas)  # fails early if a longest pair cannot fit
     if training and (source_tokenizer.samples or target_tokenizer.samples):

@@ -309,11 +309,8 @@ def training_tokenizers(data_config: DataConfig, source: Tokenizer,
     """The tokenizers for training batches: with subword regularization on
     (`data.sp_nbest_size`), a sampling copy of the joint SentencePiece model for both sides;
     otherwise (source, target) unchanged."""
-    if not data_config.subword_sampling:
+    if not data_config.subword_sampling:  # DataConfig allows sampling for sentencepiece only
         return source, target
-    if not isinstance(source, SentencePieceTokenizer):
-        raise ConfigError(f"data.sp_nbest_size={data_config.sp_nbest_size} needs SentencePiece "
-                          f"tokenizers, got {type(source).__name__}")
     sampler = SentencePieceTokenizer(source.model_file.asset_path.numpy().decode("utf-8"),
                                      nbest_size=data_config.sp_nbest_size,
                                      alpha=data_config.sp_alpha)
