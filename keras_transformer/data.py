@@ -368,17 +368,21 @@ def make_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
     pairs.
     """
     bucket_batch_sizes(data_config, num_replicas)  # fails early if a longest pair cannot fit
-    if training and (source_tokenizer.samples or target_tokenizer.samples):
+
+    def cache_and_shuffle(dataset):
         if data_config.cache:
-            pairs = pairs.cache()
-        pairs = pairs.shuffle(data_config.shuffle_buffer, reshuffle_each_iteration=True)
-        examples = _filtered_examples(pairs, source_tokenizer, target_tokenizer, data_config)
-    else:
-        examples = _filtered_examples(pairs, source_tokenizer, target_tokenizer, data_config)
-        if data_config.cache:
-            examples = examples.cache()
+            dataset = dataset.cache()
         if training:
-            examples = examples.shuffle(data_config.shuffle_buffer, reshuffle_each_iteration=True)
+            dataset = dataset.shuffle(data_config.shuffle_buffer, reshuffle_each_iteration=True)
+        return dataset
+
+    def tokenize_and_filter(dataset):
+        return _filtered_examples(dataset, source_tokenizer, target_tokenizer, data_config)
+
+    if training and (source_tokenizer.samples or target_tokenizer.samples):
+        examples = tokenize_and_filter(cache_and_shuffle(pairs))  # new segmentations each epoch
+    else:
+        examples = cache_and_shuffle(tokenize_and_filter(pairs))
     batches = examples.group_by_window(
         key_func=functools.partial(_bucket_key, config=data_config),
         reduce_func=functools.partial(_pad_bucket, config=data_config, num_replicas=num_replicas),
