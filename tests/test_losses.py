@@ -113,6 +113,21 @@ def test_masked_accuracy_counts_real_tokens_only():
     assert float(metric.result()) == 0.0
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_masked_accuracy_matches_argmax(dtype):
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(3, 7, 50)).astype("float32")
+    labels = rng.integers(1, 50, size=(3, 7))
+    labels[:, 5:] = 0
+    labels[0, :4] = logits[0, :4].argmax(-1)  # some right, the rest mostly wrong
+    metric = MaskedAccuracy()
+    metric.update_state(labels, tf.cast(logits, dtype))
+    real = labels != 0
+    expected = (logits.argmax(-1) == labels)[real].mean()
+    assert expected > 0
+    np.testing.assert_allclose(float(metric.result()), expected)
+
+
 def test_loss_config_round_trip():
     loss = MaskedLabelSmoothedCrossEntropy(label_smoothing=0.2, pad_id=3)
     clone = MaskedLabelSmoothedCrossEntropy.from_config(loss.get_config())
