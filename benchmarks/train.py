@@ -15,7 +15,8 @@ one learning-rate schedule measured in target tokens: the reference's warmup of 
 for 4000 / k steps. Under the inverse-square-root schedule that gives it sqrt(k) times the
 reference's rate at every token count (the square-root scaling of the rate with the batch);
 --rate-scaling linear multiplies its rate by a further sqrt(k), k times the reference's (the
-linear scaling rule of Goyal et al., 2017, as Ott et al., 2018 used for large-batch NMT).
+linear scaling rule of Goyal et al., 2017, as Ott et al., 2018 used for large-batch NMT);
+--rate-scaling none divides it by sqrt(k): the reference's rate at every token count.
 With --seeds 1,2,3 every configuration runs once per seed (initial weights and batch order), and
 the comparison is made seed by seed, then averaged, so that a gap can be told from seed noise.
 
@@ -180,12 +181,13 @@ def token_matched_schedule(reference_warmup: int, reference_stats, stats,
                            rate_scaling: str = "sqrt") -> tuple:
     """(warmup steps, learning_rate_scale) for batches holding k times the reference's target
     tokens (`BatchStats` of one pass over each batching): the warmup spans as many target tokens
-    as `reference_warmup` steps of the reference's batches, and under "linear" the rate is scaled
-    by a further sqrt(k), so that it is k times the reference's at every token count."""
+    as `reference_warmup` steps of the reference's batches, which makes the rate sqrt(k) times
+    the reference's at every token count; "linear" scales it by a further sqrt(k) (k times the
+    reference's) and "none" by 1 / sqrt(k) (the reference's)."""
     k = (stats.target_tokens / stats.batches) / (
         reference_stats.target_tokens / reference_stats.batches)
     warmup = max(1, round(reference_warmup / k))
-    return warmup, (k**0.5 if rate_scaling == "linear" else 1.0)
+    return warmup, {"sqrt": 1.0, "linear": k**0.5, "none": k**-0.5}[rate_scaling]
 
 
 def quality(args, config, dataset, source_tokenizer, target_tokenizer, warmup_steps,
@@ -222,9 +224,10 @@ def main():
     parser.add_argument("--quality-tokens", type=int, default=0,
                         help="also train each configuration on this many target tokens and "
                              "compare validation losses (0: skip)")
-    parser.add_argument("--rate-scaling", choices=("sqrt", "linear"), default="sqrt",
+    parser.add_argument("--rate-scaling", choices=("sqrt", "linear", "none"), default="sqrt",
                         help="how --quality-tokens scales the learning rate with the batch's "
-                             "target tokens: sqrt(k) (the schedule's own) or k times")
+                             "target tokens: sqrt(k) (the schedule's own), k times, or not at "
+                             "all (the reference's rate at every token count)")
     parser.add_argument("--seeds", default="1",
                         help="comma-separated random seeds; every configuration runs once per "
                              "seed and best is compared with reference seed by seed")

@@ -41,10 +41,12 @@ def test_flops_per_batch_counts_real_tokens_only(bench):
                                  np.pad(target, ((0, 0), (0, 5)))) == 3 * forward
 
 
-@pytest.mark.parametrize("rate_scaling, rate_ratio", [("sqrt", 2.0), ("linear", 4.0)])
+@pytest.mark.parametrize("rate_scaling, rate_ratio",
+                         [("sqrt", 2.0), ("linear", 4.0), ("none", 1.0)])
 def test_token_matched_schedule_scales_the_rate_per_token(bench, rate_scaling, rate_ratio):
     """Batches of 4x the reference's target tokens: warmup 4x shorter in steps; at every token
-    count of the warmup the rate is sqrt(4) = 2x (sqrt) or 4x (linear) the reference's."""
+    count of the warmup the rate is sqrt(4) = 2x (sqrt), 4x (linear) or 1x (none) the
+    reference's."""
     reference, larger = stats(100, 100 * 800), stats(25, 25 * 3200)
     assert bench.token_matched_schedule(4000, reference, reference, rate_scaling) == (4000, 1.0)
     warmup, scale = bench.token_matched_schedule(4000, reference, larger, rate_scaling)
