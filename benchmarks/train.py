@@ -6,7 +6,8 @@ Each configuration runs in its own process (so peak memory and thread settings a
 `model.fit` over batches taken from Multi30k German-English, timing every step after a warmup
 that absorbs tracing. Prints, per configuration: steady-state target tokens/s, source+target
 tokens/s, sentences/s, padding fraction, peak memory, and model FLOPs utilization against
-float32 and bfloat16 matmul peaks measured in the same run; then the ratio best / reference.
+float32 and bfloat16 matmul peaks measured in the same run; then the ratio of every other
+configuration to the reference.
 
 With --quality-tokens N, each configuration also trains a fresh model until N target tokens and
 prints its validation loss, to show that the faster recipe learns as much per token. Both follow
@@ -24,7 +25,12 @@ Configurations:
   reference  the tf.text tutorial's recipe: 64-sentence batches padded to their longest member,
              float32, no length bucketing
   best       token-budget length buckets, precision "auto": mixed_bfloat16 where the machine
-             multiplies bfloat16 natively (AMX here), float32 where bfloat16 is only emulated
+             multiplies bfloat16 natively (AMX, AVX512-BF16), float32 where it is only emulated;
+             the fastest configuration
+  matched    best with batches of about the reference's target tokens (1728-token budget,
+             16-token length steps): as many updates per token as the reference, which is what
+             keeps its validation loss within 2% of the reference's at equal tokens on the
+             `tutorial` preset (experiments/RESULTS.md)
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ CONFIGS = {
     "reference": dict(batching="fixed64", precision="float32", tokens_per_batch=4096),
     "bucketed_float32": dict(batching="bucketed", precision="float32", tokens_per_batch=4096),
     "best": dict(batching="bucketed", precision="auto", tokens_per_batch=4096),
+    "matched": dict(batching="bucketed", precision="auto", tokens_per_batch=1728, bucket_step=16),
 }
 
 
@@ -231,7 +238,7 @@ def main():
     parser.add_argument("--seeds", default="1",
                         help="comma-separated random seeds; every configuration runs once per "
                              "seed and best is compared with reference seed by seed")
-    parser.add_argument("--configs", default="reference,best",
+    parser.add_argument("--configs", default="reference,best,matched",
                         help=f"comma-separated, of {', '.join(CONFIGS)}")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a setting of every configuration run, e.g. "
@@ -270,37 +277,39 @@ def main():
                 result = json.loads(output.stdout.strip().splitlines()[-1])
                 results.setdefault(name, []).append(result)
                 report(result, peaks)
-    if "reference" in results and "best" in results:
-        for line in compare(results["reference"], results["best"]):
-            print(line)
+    for name in results:
+        if name != "reference" and "reference" in results:
+            for line in compare(results["reference"], results[name], name):
+                print(line)
 
 
-def compare(reference: list, best: list) -> list:
-    """Summary lines for the best / reference comparison, from one result of each per seed
+def compare(reference: list, other: list, name: str = "best") -> list:
+    """Summary lines for the `name` / reference comparison, from one result of each per seed
     (paired by seed): the ratio of mean target tokens/s and, with validation losses, the
     relative gap of each seed, their mean and their range."""
     def mean(values):
         return sum(values) / len(values)
 
-    pairs = [(r, b) for r in reference for b in best if r["seed"] == b["seed"]]
+    pairs = [(r, b) for r in reference for b in other if r["seed"] == b["seed"]]
     if not pairs:
-        raise ValueError("reference and best share no seed: nothing to compare")
+        raise ValueError(f"reference and {name} share no seed: nothing to compare")
     speed = (mean([b["target_tokens_per_second"] for _, b in pairs])
              / mean([r["target_tokens_per_second"] for r, _ in pairs]))
-    lines = [f"best / reference: {speed:.2f}x target tokens/s"]
+    lines = [f"{name} / reference: {speed:.2f}x target tokens/s"]
     if "validation_loss" in pairs[0][0]:
         gaps = [(b["validation_loss"] - r["validation_loss"]) / r["validation_loss"]
                 for r, b in pairs]
         per_seed = ", ".join(
-            f"seed {r['seed']}: reference {r['validation_loss']:.4f}, best "
+            f"seed {r['seed']}: reference {r['validation_loss']:.4f}, {name} "
             f"{b['validation_loss']:.4f} ({100 * gap:+.2f}%)" for (r, b), gap in zip(pairs, gaps))
         r, b = pairs[0]
         lines.append(f"validation loss after {r['quality_tokens']:,} target tokens (warmup "
                      f"{r['quality_warmup_steps']} / {b['quality_warmup_steps']} steps, "
                      f"{r['rate_scaling']} rate scaling): {per_seed}")
         if len(gaps) > 1:
-            lines.append(f"best - reference over {len(gaps)} seeds: mean {100 * mean(gaps):+.2f}%,"
-                         f" from {100 * min(gaps):+.2f}% to {100 * max(gaps):+.2f}%")
+            lines.append(f"{name} - reference over {len(gaps)} seeds: "
+                         f"mean {100 * mean(gaps):+.2f}%, "
+                         f"from {100 * min(gaps):+.2f}% to {100 * max(gaps):+.2f}%")
     return lines
 
 

@@ -81,5 +81,20 @@ def test_compare_pairs_seeds_and_averages_the_gaps(bench):
 def test_compare_without_quality_or_common_seed(bench):
     assert bench.compare([result(1, 1000)], [result(1, 1500)]) == [
         "best / reference: 1.50x target tokens/s"]
-    with pytest.raises(ValueError, match="no seed"):
-        bench.compare([result(1, 1000)], [result(2, 1500)])
+    with pytest.raises(ValueError, match="reference and matched share no seed"):
+        bench.compare([result(1, 1000)], [result(2, 1500)], "matched")
+
+
+def test_compare_names_the_configuration(bench):
+    lines = bench.compare([result(1, 1000, 4.0)], [result(1, 1900, 4.06)], "matched")
+    assert lines[0] == "matched / reference: 1.90x target tokens/s"
+    assert "seed 1: reference 4.0000, matched 4.0600 (+1.50%)" in lines[1]
+
+
+def test_every_configuration_names_known_settings(bench):
+    """The worker reads these keys of a configuration; a typo would silently fall back."""
+    for name, spec in bench.CONFIGS.items():
+        assert spec["batching"] in ("fixed64", "bucketed"), name
+        assert spec["precision"] in ("float32", "auto", "mixed_bfloat16"), name
+        assert set(spec) <= {"batching", "precision", "tokens_per_batch", "bucket_step"}, name
+    assert bench.CONFIGS["matched"]["tokens_per_batch"] < bench.CONFIGS["best"]["tokens_per_batch"]
