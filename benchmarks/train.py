@@ -28,9 +28,10 @@ Configurations:
              multiplies bfloat16 natively (AMX, AVX512-BF16), float32 where it is only emulated;
              the fastest configuration
   matched    best with batches of about the reference's target tokens (1728-token budget,
-             16-token length steps): as many updates per token as the reference, which is what
-             keeps its validation loss within 2% of the reference's at equal tokens on the
-             `tutorial` preset (experiments/RESULTS.md)
+             16-token length steps): about as many updates per token as the reference. On the
+             `tutorial` preset larger batches lose 15-19% in validation loss at equal tokens;
+             these were within 2% of the reference after 1.5M target tokens, 5% behind after
+             the tutorial's 9.1M (experiments/RESULTS.md)
 """
 
 from __future__ import annotations
