@@ -31,7 +31,7 @@ Configurations:
              16-token length steps): about as many updates per token as the reference. On the
              `tutorial` preset larger batches lose 15-19% in validation loss at equal tokens;
              these were within 2% of the reference after 1.5M target tokens, 5% behind after
-             the tutorial's 9.1M (experiments/RESULTS.md)
+             the tutorial's 9.1M (3% in float32; experiments/RESULTS.md)
 """
 
 from __future__ import annotations
