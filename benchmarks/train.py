@@ -238,7 +238,7 @@ def main():
                              "all (the reference's rate at every token count)")
     parser.add_argument("--seeds", default="1",
                         help="comma-separated random seeds; every configuration runs once per "
-                             "seed and best is compared with reference seed by seed")
+                             "seed and each is compared with the reference seed by seed")
     parser.add_argument("--configs", default="reference,best,matched",
                         help=f"comma-separated, of {', '.join(CONFIGS)}")
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
