@@ -55,6 +55,26 @@ CONFIGS = {
 }
 
 
+# What a configuration (or --set) may name: what `worker` reads.
+SETTINGS = ("batching", "precision", "tokens_per_batch", "bucket_step", "jit_compile",
+            "intra_op_threads", "inter_op_threads", "distinct")
+
+
+def with_overrides(spec: dict, overrides: list) -> dict:
+    """`spec` with `--set KEY=VALUE` overrides applied (numbers and true/false parsed as JSON).
+    Raises ValueError on an override that is not KEY=VALUE or names no setting, which would
+    otherwise be ignored and mislabel the run."""
+    spec = dict(spec)
+    for override in overrides:
+        key, separator, value = override.partition("=")
+        if not separator or key not in SETTINGS:
+            raise ValueError(f"--set {override!r}: expected KEY=VALUE with KEY one of "
+                             f"{', '.join(SETTINGS)}")
+        parsed = value[:1].isdigit() or value in ("true", "false")
+        spec[key] = json.loads(value) if parsed else value
+    return spec
+
+
 def measure_matmul_peak(dtype: str, size: int = 2048, repeats: int = 20) -> float:
     """Dense matmul throughput in FLOP/s for `dtype` on this machine."""
     import tensorflow as tf
@@ -103,10 +123,7 @@ def worker(args) -> dict:
     from keras_transformer import training
     from keras_transformer.config import ExperimentConfig
 
-    spec = dict(CONFIGS[args.config])
-    for override in args.set or []:
-        key, value = override.split("=", 1)
-        spec[key] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
+    spec = with_overrides(CONFIGS[args.config], args.set or [])
     if spec.get("intra_op_threads"):
         tf.config.threading.set_intra_op_parallelism_threads(spec["intra_op_threads"])
     if spec.get("inter_op_threads"):
@@ -251,6 +268,13 @@ def main():
     args = parser.parse_args()
     if not args.data_dir:
         parser.error("set --data-dir or KERAS_TRANSFORMER_DATA to the Multi30k folder")
+    unknown = [name for name in args.configs.split(",") if name not in CONFIGS]
+    if unknown:
+        parser.error(f"--configs: unknown {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
+    try:
+        with_overrides({}, args.set or [])
+    except ValueError as error:
+        parser.error(str(error))
 
     if args.config:
         print(json.dumps(worker(args)))
