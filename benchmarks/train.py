@@ -217,7 +217,9 @@ def token_matched_schedule(reference_warmup: int, reference_stats, stats,
 
 def quality(args, config, dataset, source_tokenizer, target_tokenizer, warmup_steps,
             rate_scale) -> float:
-    """Validation loss of a fresh model trained on `--quality-tokens` target tokens."""
+    """Validation loss of a fresh model trained on `--quality-tokens` target tokens: the mean
+    over every real target token of the validation split (`Transformer.test_step`), the same
+    measure whatever the configuration's batching."""
     import dataclasses
 
     import numpy as np

@@ -94,6 +94,36 @@ class Transformer(keras.Model):
         x = self.decoder(x, context, context_mask=source_mask, training=training)
         return self._logits(x)
 
+    def test_step(self, data):
+        """Keras's `test_step`, except that the reported "loss" (`evaluate`'s, and `fit`'s
+        `val_loss`) is the mean over every real target token of the whole evaluation set.
+
+        Keras weights each batch's mean loss by its number of pairs, which favours batches of
+        short sentences (on Multi30k validation 4.5% below the per-token mean) and makes the
+        figure depend on `tokens_per_batch` and `bucket_step`. Assumes the compiled loss is
+        the mean over the global batch's non-PAD target tokens, as
+        `MaskedLabelSmoothedCrossEntropy` computes it.
+        """
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred = self(x, training=False)
+        loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                 training=False)
+        weights = ops.cast(ops.not_equal(y, PAD_ID), "float32")
+        if sample_weight is not None:
+            sample_weight = ops.cast(sample_weight, "float32")
+            weights = weights * (sample_weight[:, None] if len(sample_weight.shape) == 1
+                                 else sample_weight)
+        tokens = ops.sum(weights)
+        all_tokens = tokens
+        replica_context = tf.distribute.get_replica_context()
+        if replica_context is not None and replica_context.num_replicas_in_sync > 1:
+            all_tokens = replica_context.all_reduce("sum", tokens)
+        # `loss` is this replica's share, (its summed token losses) / all_tokens: the tracker
+        # adds the summed losses and the token count, and sums both over replicas.
+        self._loss_tracker.update_state(loss * all_tokens / ops.maximum(tokens, 1.0),
+                                        sample_weight=tokens)
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
     def cross_attention_scores(self, source_ids, target_in_ids):
         """The last decoder layer's attention weights over the source,
         `[batch, heads, target_len, source_len]` (for visualization)."""

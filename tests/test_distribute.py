@@ -1,4 +1,4 @@
-"""Training under MirroredStrategy on 2 logical CPU devices equals single-device training."""
+"""Training and evaluation under MirroredStrategy on 2 logical CPUs equal single-device ones."""
 
 import keras
 import numpy as np
@@ -66,3 +66,45 @@ def test_split_cpu_is_idempotent_and_refuses_a_late_change():
     assert len(tf.config.list_logical_devices("CPU")) == 2
     with pytest.raises(ConfigError, match="cannot split the CPU into 3 logical devices"):
         split_cpu(3)
+
+
+def evaluate_two_batches(strategy, initial_weights):
+    with strategy.scope():
+        config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB,
+                                         target_vocab_size=VOCAB)
+        model = Transformer(config)
+        model.build()
+        model.set_weights(initial_weights)
+        model.compile(loss=MaskedLabelSmoothedCrossEntropy(label_smoothing=0.1))
+    (source, target_in), target_out = batch_with_uneven_tokens()
+    batches = [((source, target_in), target_out),
+               ((source[:2], target_in[:2]), target_out[:2])]
+    dataset = tf.data.Dataset.from_generator(
+        lambda: iter(batches), output_signature=(
+            (tf.TensorSpec([None, 8], tf.int32), tf.TensorSpec([None, 6], tf.int32)),
+            tf.TensorSpec([None, 6], tf.int32)))
+    return model.evaluate(dataset, verbose=0, return_dict=True)["loss"]
+
+
+def test_evaluate_loss_is_the_mean_over_all_target_tokens():
+    from keras_transformer.losses import label_smoothed_cross_entropy
+
+    config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB, target_vocab_size=VOCAB)
+    reference = Transformer(config)
+    reference.build()
+    weights = reference.get_weights()
+    (inputs, target_out) = batch_with_uneven_tokens()
+    token_losses = label_smoothed_cross_entropy(target_out, reference(inputs), 0.1).numpy()
+    mask = target_out != 0
+    # The second batch is the first two pairs of the first: 1 target token each, 21 in all.
+    expected = ((token_losses * mask).sum() + (token_losses * mask)[:2].sum()) / (
+        mask.sum() + mask[:2].sum())
+    batch_means = [(token_losses * mask).sum() / mask.sum(),
+                   (token_losses * mask)[:2].sum() / mask[:2].sum()]
+    keras_default = (6 * batch_means[0] + 2 * batch_means[1]) / 8  # weighted by pairs
+    assert abs(keras_default - expected) > 1e-3 * expected
+
+    single = evaluate_two_batches(tf.distribute.get_strategy(), weights)
+    mirrored = evaluate_two_batches(make_strategy("mirrored"), weights)
+    np.testing.assert_allclose(single, expected, rtol=1e-5)
+    np.testing.assert_allclose(mirrored, expected, rtol=1e-5)
