@@ -197,8 +197,8 @@ def worker(args) -> dict:
             data_lib.batch_stats(dataset), args.rate_scaling)
         result.update(quality_tokens=args.quality_tokens, rate_scaling=args.rate_scaling,
                       quality_warmup_steps=warmup, quality_rate_scale=scale)
-        result["validation_loss"] = quality(args, config, dataset, source_tokenizer,
-                                            target_tokenizer, warmup, scale)
+        result.update(quality(args, config, dataset, source_tokenizer, target_tokenizer,
+                              warmup, scale))
     return result
 
 
@@ -216,10 +216,13 @@ def token_matched_schedule(reference_warmup: int, reference_stats, stats,
 
 
 def quality(args, config, dataset, source_tokenizer, target_tokenizer, warmup_steps,
-            rate_scale) -> float:
-    """Validation loss of a fresh model trained on `--quality-tokens` target tokens: the mean
-    over every real target token of the validation split (`Transformer.test_step`), the same
-    measure whatever the configuration's batching."""
+            rate_scale) -> dict:
+    """Validation loss of a fresh model trained on `--quality-tokens` target tokens:
+    `validation_loss`, the mean over every real target token of the validation split
+    (`Transformer.test_step`), the same measure whatever the configuration's batching; and
+    `sentence_weighted_validation_loss`, Keras's default before that `test_step` (each batch's
+    mean over its tokens, weighted by its number of sentences), which depends on the batching
+    and which the comparisons in experiments/RESULTS.md before commit 7aa226c used."""
     import dataclasses
 
     import numpy as np
@@ -239,7 +242,14 @@ def quality(args, config, dataset, source_tokenizer, target_tokenizer, warmup_st
     validation = data_lib.make_batches(data_lib.load_pairs(config.data, "validation"),
                                        source_tokenizer, target_tokenizer, config.data,
                                        training=False)
-    return float(model.evaluate(validation, verbose=0, return_dict=True)["loss"])
+    weighted = sentences = 0.0
+    for inputs, target_out in validation:
+        loss = model.compute_loss(inputs, target_out, model(inputs, training=False))
+        weighted += float(loss) * len(target_out)
+        sentences += len(target_out)
+    return {"validation_loss": float(model.evaluate(validation, verbose=0,
+                                                    return_dict=True)["loss"]),
+            "sentence_weighted_validation_loss": weighted / sentences}
 
 
 def main():
@@ -324,15 +334,20 @@ def compare(reference: list, other: list, name: str = "best") -> list:
              / mean([r["target_tokens_per_second"] for r, _ in pairs]))
     lines = [f"{name} / reference: {speed:.2f}x target tokens/s"]
     if "validation_loss" in pairs[0][0]:
-        gaps = [(b["validation_loss"] - r["validation_loss"]) / r["validation_loss"]
-                for r, b in pairs]
-        per_seed = ", ".join(
-            f"seed {r['seed']}: reference {r['validation_loss']:.4f}, {name} "
-            f"{b['validation_loss']:.4f} ({100 * gap:+.2f}%)" for (r, b), gap in zip(pairs, gaps))
+        def gaps_per_seed(key):
+            gaps = [(b[key] - r[key]) / r[key] for r, b in pairs]
+            return gaps, ", ".join(
+                f"seed {r['seed']}: reference {r[key]:.4f}, {name} {b[key]:.4f} "
+                f"({100 * gap:+.2f}%)" for (r, b), gap in zip(pairs, gaps))
+
+        gaps, per_seed = gaps_per_seed("validation_loss")
         r, b = pairs[0]
         lines.append(f"validation loss after {r['quality_tokens']:,} target tokens (warmup "
                      f"{r['quality_warmup_steps']} / {b['quality_warmup_steps']} steps, "
                      f"{r['rate_scaling']} rate scaling): {per_seed}")
+        if "sentence_weighted_validation_loss" in r:
+            lines.append("the same weighted by sentences (Keras's default, depends on the "
+                         f"batching): {gaps_per_seed('sentence_weighted_validation_loss')[1]}")
         if len(gaps) > 1:
             lines.append(f"{name} - reference over {len(gaps)} seeds: "
                          f"mean {100 * mean(gaps):+.2f}%, "
@@ -368,7 +383,8 @@ def report(result: dict, peaks: dict) -> None:
             f"peak memory {result['peak_memory_mb']:,.0f} MB, "
             f"MFU {100 * mfu32:.0f}% of float32 / {100 * mfu16:.0f}% of bfloat16 peak")
     if "validation_loss" in result:
-        line += (f", validation loss {result['validation_loss']:.4f} after "
+        line += (f", validation loss {result['validation_loss']:.4f} (weighted by sentences: "
+                 f"{result['sentence_weighted_validation_loss']:.4f}) after "
                  f"{result['quality_warmup_steps']}-step warmup, rate scale "
                  f"{result['quality_rate_scale']:.2f}")
     print(line, flush=True)

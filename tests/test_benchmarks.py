@@ -103,3 +103,13 @@ def test_with_overrides_parses_values_and_names_bad_keys(bench):
         bench.with_overrides(bench.CONFIGS["best"], ["bucket_step"])
     for name, spec in bench.CONFIGS.items():
         assert set(spec) <= set(bench.SETTINGS), name
+
+
+def test_compare_also_gives_the_sentence_weighted_gap(bench):
+    reference, matched = result(1, 1000, 4.0), result(1, 1900, 4.06)
+    reference["sentence_weighted_validation_loss"] = 3.8
+    matched["sentence_weighted_validation_loss"] = 3.99
+    lines = bench.compare([reference], [matched], "matched")
+    assert "seed 1: reference 4.0000, matched 4.0600 (+1.50%)" in lines[1]
+    assert lines[2] == ("the same weighted by sentences (Keras's default, depends on the "
+                        "batching): seed 1: reference 3.8000, matched 3.9900 (+5.00%)")
