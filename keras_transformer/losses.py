@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_transformer.model import PAD_ID
+from keras_transformer.model import PAD_ID, sum_over_replicas, target_weights
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -37,16 +37,8 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
         self.pad_id = pad_id
 
     def __call__(self, y_true, y_pred, sample_weight=None):
-        weights = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")  # [batch, length]
-        if sample_weight is not None:
-            sample_weight = ops.cast(sample_weight, "float32")
-            if len(sample_weight.shape) == 1:
-                sample_weight = sample_weight[:, None]
-            weights = weights * sample_weight
-        tokens = ops.sum(weights)
-        replica_context = tf.distribute.get_replica_context()
-        if replica_context is not None and replica_context.num_replicas_in_sync > 1:
-            tokens = replica_context.all_reduce("sum", tokens)
+        weights = target_weights(y_true, sample_weight, self.pad_id)  # [batch, length]
+        tokens = sum_over_replicas(ops.sum(weights))
         return super().__call__(y_true, y_pred,
                                 sample_weight=weights / ops.maximum(tokens, 1.0))
 

@@ -94,35 +94,41 @@ class Transformer(keras.Model):
         x = self.decoder(x, context, context_mask=source_mask, training=training)
         return self._logits(x)
 
-    def test_step(self, data):
-        """Keras's `test_step`, except that the reported "loss" (`evaluate`'s, and `fit`'s
-        `val_loss`) is the mean over every real target token of the whole evaluation set.
+    # The reported "loss" (fit's training loss and val_loss, evaluate's) is the mean over every
+    # real target token of the epoch or evaluation set. Keras weights each batch's mean loss by
+    # its number of sentences, which favours batches of short sentences (on Multi30k validation
+    # 4.5% below the per-token mean) and makes the figure depend on `tokens_per_batch` and
+    # `bucket_step`. Both steps are Keras's (TensorFlow backend) but for that weighting.
 
-        Keras weights each batch's mean loss by its number of pairs, which favours batches of
-        short sentences (on Multi30k validation 4.5% below the per-token mean) and makes the
-        figure depend on `tokens_per_batch` and `bucket_step`. Assumes the compiled loss is
-        the mean over the global batch's non-PAD target tokens, as
-        `MaskedLabelSmoothedCrossEntropy` computes it.
-        """
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                     training=True)
+            self._track_loss(loss, y, sample_weight)
+            loss = self.optimizer.scale_loss(loss)
+        gradients = tape.gradient(loss, self.trainable_weights)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_weights))
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def test_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         y_pred = self(x, training=False)
         loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                                  training=False)
-        weights = ops.cast(ops.not_equal(y, PAD_ID), "float32")
-        if sample_weight is not None:
-            sample_weight = ops.cast(sample_weight, "float32")
-            weights = weights * (sample_weight[:, None] if len(sample_weight.shape) == 1
-                                 else sample_weight)
-        tokens = ops.sum(weights)
-        all_tokens = tokens
-        replica_context = tf.distribute.get_replica_context()
-        if replica_context is not None and replica_context.num_replicas_in_sync > 1:
-            all_tokens = replica_context.all_reduce("sum", tokens)
-        # `loss` is this replica's share, (its summed token losses) / all_tokens: the tracker
-        # adds the summed losses and the token count, and sums both over replicas.
-        self._loss_tracker.update_state(loss * all_tokens / ops.maximum(tokens, 1.0),
-                                        sample_weight=tokens)
+        self._track_loss(loss, y, sample_weight)
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _track_loss(self, loss, target_out_ids, sample_weight):
+        """Adds a batch to the loss tracker weighted by its real target tokens. Assumes the
+        compiled loss is the mean over the global batch's non-PAD target tokens, as
+        `MaskedLabelSmoothedCrossEntropy` computes it."""
+        tokens = ops.sum(target_weights(target_out_ids, sample_weight))
+        # `loss` is this replica's share, (its summed token losses) / all tokens: the tracker
+        # adds the summed losses and the token count, and sums both over replicas.
+        self._loss_tracker.update_state(
+            loss * sum_over_replicas(tokens) / ops.maximum(tokens, 1.0), sample_weight=tokens)
 
     def cross_attention_scores(self, source_ids, target_in_ids):
         """The last decoder layer's attention weights over the source,
@@ -190,3 +196,21 @@ def count_parameters(config: ModelConfig) -> int:
     model.build()
     return int(sum(ops.size(w) for w in model.trainable_weights))
 
+
+def target_weights(target_out_ids, sample_weight=None, pad_id=PAD_ID):
+    """float32 `[batch, length]`: `sample_weight` (`[batch]` or `[batch, length]`; default 1)
+    on the real target tokens, 0 on padding."""
+    weights = ops.cast(ops.not_equal(target_out_ids, pad_id), "float32")
+    if sample_weight is None:
+        return weights
+    sample_weight = ops.cast(sample_weight, "float32")
+    return weights * (sample_weight[:, None] if len(sample_weight.shape) == 1 else sample_weight)
+
+
+def sum_over_replicas(value):
+    """`value` summed over the replicas in sync; `value` itself outside a distribution
+    strategy's replica context or with one replica."""
+    replica_context = tf.distribute.get_replica_context()
+    if replica_context is not None and replica_context.num_replicas_in_sync > 1:
+        return replica_context.all_reduce("sum", value)
+    return value

@@ -68,14 +68,17 @@ def test_split_cpu_is_idempotent_and_refuses_a_late_change():
         split_cpu(3)
 
 
-def evaluate_two_batches(strategy, initial_weights):
+def losses_over_two_batches(strategy, initial_weights):
+    """(fit's training loss, evaluate's loss) over two batches of unequal sizes, weights
+    unchanged (rate 0, no dropout)."""
     with strategy.scope():
         config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB,
-                                         target_vocab_size=VOCAB)
+                                         target_vocab_size=VOCAB, dropout=0.0)
         model = Transformer(config)
         model.build()
         model.set_weights(initial_weights)
-        model.compile(loss=MaskedLabelSmoothedCrossEntropy(label_smoothing=0.1))
+        model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.0),
+                      loss=MaskedLabelSmoothedCrossEntropy(label_smoothing=0.1))
     (source, target_in), target_out = batch_with_uneven_tokens()
     batches = [((source, target_in), target_out),
                ((source[:2], target_in[:2]), target_out[:2])]
@@ -83,10 +86,13 @@ def evaluate_two_batches(strategy, initial_weights):
         lambda: iter(batches), output_signature=(
             (tf.TensorSpec([None, 8], tf.int32), tf.TensorSpec([None, 6], tf.int32)),
             tf.TensorSpec([None, 6], tf.int32)))
-    return model.evaluate(dataset, verbose=0, return_dict=True)["loss"]
+    training_loss = model.fit(dataset, epochs=1, verbose=0).history["loss"][0]
+    return training_loss, model.evaluate(dataset, verbose=0, return_dict=True)["loss"]
 
 
-def test_evaluate_loss_is_the_mean_over_all_target_tokens():
+def test_reported_losses_are_the_mean_over_all_target_tokens():
+    """Keras would weight each batch's mean by its sentences; fit and evaluate report the mean
+    over every target token, on one device and on two replicas."""
     from keras_transformer.losses import label_smoothed_cross_entropy
 
     config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB, target_vocab_size=VOCAB)
@@ -104,7 +110,7 @@ def test_evaluate_loss_is_the_mean_over_all_target_tokens():
     keras_default = (6 * batch_means[0] + 2 * batch_means[1]) / 8  # weighted by pairs
     assert abs(keras_default - expected) > 1e-3 * expected
 
-    single = evaluate_two_batches(tf.distribute.get_strategy(), weights)
-    mirrored = evaluate_two_batches(make_strategy("mirrored"), weights)
-    np.testing.assert_allclose(single, expected, rtol=1e-5)
-    np.testing.assert_allclose(mirrored, expected, rtol=1e-5)
+    for strategy in (tf.distribute.get_strategy(), make_strategy("mirrored")):
+        training_loss, evaluation_loss = losses_over_two_batches(strategy, weights)
+        np.testing.assert_allclose(training_loss, expected, rtol=1e-5)
+        np.testing.assert_allclose(evaluation_loss, expected, rtol=1e-5)
