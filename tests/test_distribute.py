@@ -21,16 +21,21 @@ def batch_with_uneven_tokens():
     return (source, target[:, :-1]), target[:, 1:]
 
 
-def train_one_step(strategy, initial_weights):
+def tiny_model(strategy, initial_weights, learning_rate):
+    """The tiny preset without dropout, compiled with plain SGD under `strategy`."""
     with strategy.scope():
         config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB,
                                          target_vocab_size=VOCAB, dropout=0.0)
         model = Transformer(config)
         model.build()
         model.set_weights(initial_weights)
-        # Plain SGD with rate 1: the weight change is minus the gradient.
-        model.compile(optimizer=keras.optimizers.SGD(learning_rate=1.0),
+        model.compile(optimizer=keras.optimizers.SGD(learning_rate=learning_rate),
                       loss=MaskedLabelSmoothedCrossEntropy(label_smoothing=0.1))
+    return model
+
+
+def train_one_step(strategy, initial_weights):
+    model = tiny_model(strategy, initial_weights, 1.0)  # the weight change is minus the gradient
     dataset = tf.data.Dataset.from_tensors(batch_with_uneven_tokens())
     history = model.fit(dataset, epochs=1, verbose=0)
     gradients = [w0 - w1 for w0, w1 in zip(initial_weights, model.get_weights())]
@@ -71,14 +76,7 @@ def test_split_cpu_is_idempotent_and_refuses_a_late_change():
 def losses_over_two_batches(strategy, initial_weights):
     """(fit's training loss, evaluate's loss) over two batches of unequal sizes, weights
     unchanged (rate 0, no dropout)."""
-    with strategy.scope():
-        config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB,
-                                         target_vocab_size=VOCAB, dropout=0.0)
-        model = Transformer(config)
-        model.build()
-        model.set_weights(initial_weights)
-        model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.0),
-                      loss=MaskedLabelSmoothedCrossEntropy(label_smoothing=0.1))
+    model = tiny_model(strategy, initial_weights, 0.0)
     (source, target_in), target_out = batch_with_uneven_tokens()
     batches = [((source, target_in), target_out),
                ((source[:2], target_in[:2]), target_out[:2])]
