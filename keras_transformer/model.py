@@ -98,7 +98,8 @@ class Transformer(keras.Model):
     # real target token of the epoch or evaluation set. Keras weights each batch's mean loss by
     # its number of sentences, which favours batches of short sentences (on Multi30k validation
     # 2.6-2.8% below the per-token mean, experiments/RESULTS.md) and makes the figure depend on
-    # `tokens_per_batch` and `bucket_step`. Both steps are Keras's (TensorFlow backend) but for that weighting.
+    # `tokens_per_batch` and `bucket_step`. Both steps are Keras's (TensorFlow backend) but for
+    # that weighting.
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
