@@ -6,8 +6,9 @@ Each configuration runs in its own process (so peak memory and thread settings a
 `model.fit` over batches taken from Multi30k German-English, timing every step after a warmup
 that absorbs tracing. Prints, per configuration: steady-state target tokens/s, source+target
 tokens/s, sentences/s, padding fraction, peak memory, and model FLOPs utilization against
-float32 and bfloat16 matmul peaks measured in the same run; then the ratio of every other
-configuration to the reference.
+float32 and bfloat16 matmul peaks measured in the same run, with the target tokens/s that 100%
+of each peak would give (no configuration of this model goes faster on this machine); then the
+ratio of every other configuration to the reference.
 
 With --quality-tokens N, each configuration also trains a fresh model until N target tokens and
 prints its validation loss, to show that the faster recipe learns as much per token. Both follow
@@ -367,9 +368,20 @@ def measure_peaks() -> dict:
     return {dtype: measure_matmul_peak(dtype) for dtype in ("float32", "bfloat16")}
 
 
+def ceilings(result: dict, peaks: dict) -> dict:
+    """Target tokens/s this configuration's batches would reach at 100% of each measured
+    matmul peak: its model FLOPs per real target token against the peak. What a target in
+    tokens/s asks of the machine: a figure above the ceiling cannot be reached by any
+    implementation of this model on it, only by fewer FLOPs per token."""
+    flops_per_target_token = (result["model_flops_per_second"]
+                              / result["target_tokens_per_second"])
+    return {dtype: peak / flops_per_target_token for dtype, peak in peaks.items()}
+
+
 def report(result: dict, peaks: dict) -> None:
     mfu32 = result["model_flops_per_second"] / peaks["float32"]
     mfu16 = result["model_flops_per_second"] / peaks["bfloat16"]
+    ceiling = ceilings(result, peaks)
     extras = "".join(f", {k}={result[k]}" for k in ("intra_op_threads", "inter_op_threads",
                                                      "jit_compile", "bucket_step", "distinct")
                      if k in result)
@@ -381,7 +393,8 @@ def report(result: dict, peaks: dict) -> None:
             f"{result['sentences_per_second']:,.1f} sentences/s, "
             f"{result['step_ms']:.0f} ms/step, padding {100 * result['padding_fraction']:.1f}%, "
             f"peak memory {result['peak_memory_mb']:,.0f} MB, "
-            f"MFU {100 * mfu32:.0f}% of float32 / {100 * mfu16:.0f}% of bfloat16 peak")
+            f"MFU {100 * mfu32:.0f}% of float32 / {100 * mfu16:.0f}% of bfloat16 peak "
+            f"(at 100%: {ceiling['float32']:,.0f} / {ceiling['bfloat16']:,.0f} target tokens/s)")
     if "validation_loss" in result:
         line += (f", validation loss {result['validation_loss']:.4f} (weighted by sentences: "
                  f"{result['sentence_weighted_validation_loss']:.4f}) after "

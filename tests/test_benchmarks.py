@@ -113,3 +113,12 @@ def test_compare_also_gives_the_sentence_weighted_gap(bench):
     assert "seed 1: reference 4.0000, matched 4.0600 (+1.50%)" in lines[1]
     assert lines[2] == ("the same weighted by sentences (Keras's default, depends on the "
                         "batching): seed 1: reference 3.8000, matched 3.9900 (+5.00%)")
+
+
+def test_ceilings_are_the_tokens_per_second_at_full_peak(bench):
+    # 2,000 target tokens/s at 40 GFLOP/s of model FLOPs: 20 MFLOP a target token.
+    result = {"target_tokens_per_second": 2000.0, "model_flops_per_second": 4e10}
+    ceiling = bench.ceilings(result, {"float32": 1e11, "bfloat16": 2e11})
+    assert ceiling == pytest.approx({"float32": 5000.0, "bfloat16": 10000.0})
+    # The achieved speed is the ceiling times the MFU.
+    assert 2000.0 == pytest.approx(ceiling["float32"] * 4e10 / 1e11)
