@@ -1,6 +1,7 @@
 """Training throughput: the tutorial's recipe against this package's best, on the same model.
 
-    python benchmarks/train.py [--preset tutorial] [--steps 60] [--quality-tokens 0] [--seeds 1]
+    python benchmarks/train.py [--preset tutorial] [--steps 60] [--quality-tokens 0]
+                               [--quality-seconds 0] [--seeds 1]
 
 Each configuration runs in its own process (so peak memory and thread settings are its own):
 `model.fit` over batches taken from Multi30k German-English, timing every step after a warmup
@@ -19,6 +20,10 @@ reference's rate at every token count (the square-root scaling of the rate with 
 --rate-scaling linear multiplies its rate by a further sqrt(k), k times the reference's (the
 linear scaling rule of Goyal et al., 2017, as Ott et al., 2018 used for large-batch NMT);
 --rate-scaling none divides it by sqrt(k): the reference's rate at every token count.
+With --quality-seconds S instead, each trains a fresh model for S seconds of wall-clock time
+(`train_on_batch` from its live input pipeline, tracing included) under the same schedules, and
+the validation losses are compared at equal time: how far each recipe gets on this machine in
+the same time, which is what a user pays for.
 With --seeds 1,2,3 every configuration runs once per seed (initial weights and batch order), and
 the comparison is made seed by seed, then averaged, so that a gap can be told from seed noise.
 
@@ -190,13 +195,14 @@ def worker(args) -> dict:
         model_flops_per_second=flops / elapsed,
         peak_memory_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     )
-    if args.quality_tokens:
+    if args.quality_tokens or args.quality_seconds:
         reference = data_lib.fixed_size_batches(pairs, source_tokenizer, target_tokenizer,
                                                 config.data, batch_size=64)
         warmup, scale = token_matched_schedule(
             REFERENCE_WARMUP_STEPS, data_lib.batch_stats(reference),
             data_lib.batch_stats(dataset), args.rate_scaling)
-        result.update(quality_tokens=args.quality_tokens, rate_scaling=args.rate_scaling,
+        result.update(quality_tokens=args.quality_tokens,
+                      quality_seconds=args.quality_seconds, rate_scaling=args.rate_scaling,
                       quality_warmup_steps=warmup, quality_rate_scale=scale)
         result.update(quality(args, config, dataset, source_tokenizer, target_tokenizer,
                               warmup, scale))
@@ -216,9 +222,17 @@ def token_matched_schedule(reference_warmup: int, reference_stats, stats,
     return warmup, {"sqrt": 1.0, "linear": k**0.5, "none": k**-0.5}[rate_scaling]
 
 
+def budget_spent(target_tokens: int, seconds: float, max_tokens: int, max_seconds: float) -> bool:
+    """Whether training has reached `max_tokens` target tokens or run `max_seconds` (either
+    limit 0: none)."""
+    return bool(max_tokens and target_tokens >= max_tokens
+                or max_seconds and seconds >= max_seconds)
+
+
 def quality(args, config, dataset, source_tokenizer, target_tokenizer, warmup_steps,
             rate_scale) -> dict:
-    """Validation loss of a fresh model trained on `--quality-tokens` target tokens:
+    """Validation loss of a fresh model trained on `--quality-tokens` target tokens or for
+    `--quality-seconds` (`quality_target_tokens` and `quality_train_seconds` say how far it got):
     `validation_loss`, the mean over every real target token of the validation split
     (`Transformer.test_step`), the same measure whatever the configuration's batching; and
     `sentence_weighted_validation_loss`, Keras's default before that `test_step` (each batch's
@@ -235,11 +249,14 @@ def quality(args, config, dataset, source_tokenizer, target_tokenizer, warmup_st
         config.train, warmup_steps=warmup_steps, learning_rate_scale=rate_scale))
     model = training.build_model(config)
     seen = 0
+    start = time.perf_counter()
     for inputs, target_out in dataset.repeat():
         model.train_on_batch(inputs, target_out)
         seen += int(np.count_nonzero(target_out.numpy()))
-        if seen >= args.quality_tokens:
+        if budget_spent(seen, time.perf_counter() - start, args.quality_tokens,
+                        args.quality_seconds):
             break
+    train_seconds = time.perf_counter() - start
     validation = data_lib.make_batches(data_lib.load_pairs(config.data, "validation"),
                                        source_tokenizer, target_tokenizer, config.data,
                                        training=False)
@@ -250,7 +267,8 @@ def quality(args, config, dataset, source_tokenizer, target_tokenizer, warmup_st
         sentences += len(target_out)
     return {"validation_loss": float(model.evaluate(validation, verbose=0,
                                                     return_dict=True)["loss"]),
-            "sentence_weighted_validation_loss": weighted / sentences}
+            "sentence_weighted_validation_loss": weighted / sentences,
+            "quality_target_tokens": seen, "quality_train_seconds": train_seconds}
 
 
 def main():
@@ -262,6 +280,9 @@ def main():
     parser.add_argument("--quality-tokens", type=int, default=0,
                         help="also train each configuration on this many target tokens and "
                              "compare validation losses (0: skip)")
+    parser.add_argument("--quality-seconds", type=float, default=0,
+                        help="also train each configuration for this many seconds and compare "
+                             "validation losses at equal time (0: skip)")
     parser.add_argument("--rate-scaling", choices=("sqrt", "linear", "none"), default="sqrt",
                         help="how --quality-tokens scales the learning rate with the batch's "
                              "target tokens: sqrt(k) (the schedule's own), k times, or not at "
@@ -281,6 +302,8 @@ def main():
     args = parser.parse_args()
     if not args.data_dir:
         parser.error("set --data-dir or KERAS_TRANSFORMER_DATA to the Multi30k folder")
+    if args.quality_tokens and args.quality_seconds:
+        parser.error("--quality-tokens and --quality-seconds: give one budget, not both")
     unknown = [name for name in args.configs.split(",") if name not in CONFIGS]
     if unknown:
         parser.error(f"--configs: unknown {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
@@ -305,6 +328,7 @@ def main():
                            "--data-dir", args.data_dir, "--preset", args.preset,
                            "--steps", str(args.steps), "--warmup", str(args.warmup),
                            "--quality-tokens", str(args.quality_tokens),
+                           "--quality-seconds", str(args.quality_seconds),
                            "--rate-scaling", args.rate_scaling, "--seed", str(seed)]
                 command += [f"--set={override}" for override in args.set or []]
                 output = subprocess.run(command, capture_output=True, text=True,
@@ -335,15 +359,22 @@ def compare(reference: list, other: list, name: str = "best") -> list:
              / mean([r["target_tokens_per_second"] for r, _ in pairs]))
     lines = [f"{name} / reference: {speed:.2f}x target tokens/s"]
     if "validation_loss" in pairs[0][0]:
+        r, b = pairs[0]
+        equal_time = bool(r.get("quality_seconds"))
+
+        def reached(result):  # at equal time, how far each got
+            return f" ({result['quality_target_tokens']:,} tokens)" if equal_time else ""
+
         def gaps_per_seed(key):
             gaps = [(b[key] - r[key]) / r[key] for r, b in pairs]
             return gaps, ", ".join(
-                f"seed {r['seed']}: reference {r[key]:.4f}, {name} {b[key]:.4f} "
-                f"({100 * gap:+.2f}%)" for (r, b), gap in zip(pairs, gaps))
+                f"seed {r['seed']}: reference {r[key]:.4f}{reached(r)}, {name} {b[key]:.4f}"
+                f"{reached(b)} ({100 * gap:+.2f}%)" for (r, b), gap in zip(pairs, gaps))
 
         gaps, per_seed = gaps_per_seed("validation_loss")
-        r, b = pairs[0]
-        lines.append(f"validation loss after {r['quality_tokens']:,} target tokens (warmup "
+        budget = (f"{r['quality_seconds']:g} s of training" if equal_time
+                  else f"{r['quality_tokens']:,} target tokens")
+        lines.append(f"validation loss after {budget} (warmup "
                      f"{r['quality_warmup_steps']} / {b['quality_warmup_steps']} steps, "
                      f"{r['rate_scaling']} rate scaling): {per_seed}")
         if "sentence_weighted_validation_loss" in r:
@@ -398,6 +429,8 @@ def report(result: dict, peaks: dict) -> None:
     if "validation_loss" in result:
         line += (f", validation loss {result['validation_loss']:.4f} (weighted by sentences: "
                  f"{result['sentence_weighted_validation_loss']:.4f}) after "
+                 f"{result['quality_target_tokens']:,} target tokens in "
+                 f"{result['quality_train_seconds']:,.0f} s, "
                  f"{result['quality_warmup_steps']}-step warmup, rate scale "
                  f"{result['quality_rate_scale']:.2f}")
     print(line, flush=True)

@@ -58,10 +58,12 @@ def test_token_matched_schedule_scales_the_rate_per_token(bench, rate_scaling, r
         assert ratio == pytest.approx(rate_ratio, rel=1e-5)
 
 
-def result(seed, tokens_per_second, validation_loss=None):
+def result(seed, tokens_per_second, validation_loss=None, quality_seconds=0):
     figures = {"seed": seed, "target_tokens_per_second": tokens_per_second}
     if validation_loss is not None:
-        figures.update(validation_loss=validation_loss, quality_tokens=1000,
+        figures.update(validation_loss=validation_loss, quality_seconds=quality_seconds,
+                       quality_tokens=0 if quality_seconds else 1000,
+                       quality_target_tokens=int(tokens_per_second * (quality_seconds or 1)),
                        quality_warmup_steps=4000 if tokens_per_second < 2000 else 2000,
                        rate_scaling="sqrt")
     return figures
@@ -122,3 +124,18 @@ def test_ceilings_are_the_tokens_per_second_at_full_peak(bench):
     assert ceiling == pytest.approx({"float32": 5000.0, "bfloat16": 10000.0})
     # The achieved speed is the ceiling times the MFU.
     assert 2000.0 == pytest.approx(ceiling["float32"] * 4e10 / 1e11)
+
+
+def test_compare_at_equal_time_says_how_far_each_got(bench):
+    lines = bench.compare([result(1, 1000, 4.0, quality_seconds=600)],
+                          [result(1, 2000, 3.6, quality_seconds=600)])
+    assert lines[1].startswith("validation loss after 600 s of training (warmup 4000 / 2000")
+    assert lines[1].endswith("seed 1: reference 4.0000 (600,000 tokens), best 3.6000 "
+                             "(1,200,000 tokens) (-10.00%)")
+
+
+def test_budget_spent_by_tokens_or_by_time(bench):
+    assert not bench.budget_spent(999, 10.0, max_tokens=1000, max_seconds=0)
+    assert bench.budget_spent(1000, 10.0, max_tokens=1000, max_seconds=0)
+    assert not bench.budget_spent(10**9, 59.9, max_tokens=0, max_seconds=60)
+    assert bench.budget_spent(1, 60.0, max_tokens=0, max_seconds=60)
