@@ -122,8 +122,6 @@ def test_ceilings_are_the_tokens_per_second_at_full_peak(bench):
     result = {"target_tokens_per_second": 2000.0, "model_flops_per_second": 4e10}
     ceiling = bench.ceilings(result, {"float32": 1e11, "bfloat16": 2e11})
     assert ceiling == pytest.approx({"float32": 5000.0, "bfloat16": 10000.0})
-    # The achieved speed is the ceiling times the MFU.
-    assert 2000.0 == pytest.approx(ceiling["float32"] * 4e10 / 1e11)
 
 
 def test_compare_at_equal_time_says_how_far_each_got(bench):
