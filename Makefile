@@ -10,7 +10,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 $(BIN)/keras-transformer: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,serving]'
+	$(BIN)/pip install --quiet -e '.[test,serving,ctranslate2]'
 	touch $@
 
 install: $(BIN)/keras-transformer
