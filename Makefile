@@ -19,10 +19,12 @@ install: $(BIN)/keras-transformer
 # in one process): 7.9 instead of 10.7 minutes on 2 cores; the slowest tests are listed.
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=10
 
-test: install  ## the default test suite (slow tests skipped)
+test: install  ## the import contract (setup.cfg [importlinter]), then the test suite
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-all: install  ## every test, including the slow ones
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
 
 demo: install  ## the main job on real Multi30k German-English

@@ -4,7 +4,7 @@ batched greedy and beam search, eager Translator and exported SavedModel, with a
     python benchmarks/decode.py --run runs/NAME [--limit 1000] [--intra-op 1]
     python benchmarks/decode.py --model saved_models/NAME/1       # SavedModel figures only
 
-Methods (sentences/s and target tokens/s, ratios to the tutorial's method and to CTranslate2):
+Methods (sentences/s and target tokens/s, ratio to the tutorial's method):
     tutorial         no cache, one sentence at a time, the whole prefix re-run every step, argmax,
                      inside tf.function (the tf.text tutorial's Translator, with our caps)
     greedy[_xla]     Translator.translate_greedy, batches of --batch-size sentences of similar
@@ -41,8 +41,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 METHODS = ("tutorial", "greedy", "greedy_xla", "beam", "beam_xla", "saved_greedy", "saved_beam",
            "saved_greedy_xla", "saved_beam_xla")
-# CTranslate2 4.8, float32, 1 thread, same model size and sentences (issue 5).
-CTRANSLATE2 = {"greedy": 1036.0, "beam": 391.0}
 
 
 def parse_args(argv=None):
@@ -97,10 +95,10 @@ def tutorial_function(translator):
 
     @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
     def translate(sentence):
-        source_ids, max_lengths, _ = translator._encode_inputs(sentence[tf.newaxis])
+        source_ids, length_caps, _ = translator._encode_inputs(sentence[tf.newaxis])
         output = tf.TensorArray(tf.int32, size=0, dynamic_size=True)
         output = output.write(0, START_ID)
-        for i in tf.range(max_lengths[0]):
+        for i in tf.range(length_caps[0]):
             prefix = output.stack()[tf.newaxis]  # [1, i + 1]
             logits = model((source_ids, prefix), training=False)[:, -1]  # [1, vocab]
             next_id = tf.argmax(logits, axis=-1, output_type=tf.int32)[0]
@@ -115,7 +113,7 @@ def tutorial_function(translator):
 
 def time_batched(translate, sentences, batch_size, workers=1, warm_up=True):
     """-> (outputs in input order, seconds of the timed pass)."""
-    from keras_transformer.evaluation import translate_texts
+    from keras_transformer.translator import translate_texts
 
     if warm_up:
         translate_texts(translate, sentences, batch_size=batch_size, workers=workers)
@@ -162,15 +160,16 @@ def main(argv=None) -> int:
     threads = configure_threads(args)
     import tensorflow_text  # noqa: F401
 
-    from keras_transformer.translator import Translator, export_translator, load_translator
+    from keras_transformer.export import export_translator, load_translator
+    from keras_transformer.translator import Translator
 
     translator = target_tokenizer = None
     source_lang = args.source_lang or "de"
     if args.run:
-        from keras_transformer.training import load_run_config
+        from keras_transformer.runs import Run
         from keras_transformer.translator import translator_from_run
 
-        config = load_run_config(args.run)
+        config = Run(args.run).config
         source_lang = args.source_lang or config.data.source_lang
         translator = translator_from_run(args.run, beam_size=args.beam)
         target_tokenizer = translator.target_tokenizer
@@ -241,7 +240,7 @@ def time_saved_model(args, translator, sentences, method, export_translator, loa
 
 def _tokenizer_of_saved_model(path):
     """Counts target tokens with the exported model's own tokenizer."""
-    from keras_transformer.translator import load_translator
+    from keras_transformer.export import load_translator
 
     loaded = load_translator(path)
     return loaded.target_tokenizer
@@ -251,16 +250,14 @@ def print_table(results, tokenizer):
     base = results.get("tutorial")
     base_rate = base[2] / base[1] if base else None
     header = (f"{'method':<18}{'sentences/s':>12}{'tokens/s':>11}{'seconds':>9}"
-              f"{'x tutorial':>12}{'x CTranslate2':>15}")
+              f"{'x tutorial':>12}")
     print(header)
     print("-" * len(header))
     for method, (outputs, seconds, count) in results.items():
         rate = count / seconds
         tokens = count_target_tokens(tokenizer, outputs) / seconds
         versus = f"{rate / base_rate:.1f}" if base_rate else "-"
-        kind = "beam" if "beam" in method else "greedy"
-        print(f"{method:<18}{rate:>12.1f}{tokens:>11.0f}{seconds:>9.2f}{versus:>12}"
-              f"{rate / CTRANSLATE2[kind]:>15.3f}")
+        print(f"{method:<18}{rate:>12.1f}{tokens:>11.0f}{seconds:>9.2f}{versus:>12}")
 
 
 def check_identical(results):

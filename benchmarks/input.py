@@ -93,7 +93,7 @@ def main():
     if args.train_steps:
         config = ExperimentConfig.from_dict({"model": {"preset": args.preset},
                                              "data": vars(data_config)})
-        from keras_transformer.training import with_vocab_sizes
+        from keras_transformer.runs import with_vocab_sizes
 
         config = with_vocab_sizes(config, source_tokenizer, target_tokenizer)
         in_memory = list(batches.take(args.train_steps + 3))

@@ -127,7 +127,7 @@ def worker(args) -> dict:
     import tensorflow as tf
 
     from keras_transformer import data as data_lib
-    from keras_transformer import training
+    from keras_transformer import runs, training
     from keras_transformer.config import ExperimentConfig
 
     spec = with_overrides(CONFIGS[args.config], args.set or [])
@@ -139,7 +139,7 @@ def worker(args) -> dict:
         "name": f"bench_{args.config}",
         "model": {"preset": args.preset, "share_embeddings": "all"},
         "data": {"dataset": "files", "data_dir": args.data_dir, "source_lang": "de",
-                 "target_lang": "en", "vocab_size": 8000, "max_length": 128,
+                 "target_lang": "en", "vocab_size": 8000, "max_pair_length": 128,
                  "tokens_per_batch": spec["tokens_per_batch"], "vocab_dir": args.vocab_dir,
                  "bucket_step": spec.get("bucket_step", 8)},
         "train": {"precision": spec["precision"], "warmup_steps": REFERENCE_WARMUP_STEPS,
@@ -149,7 +149,7 @@ def worker(args) -> dict:
     # with it loaded SentencePiece models (seeding later broke --quality-tokens).
     keras.utils.set_random_seed(args.seed)
     source_tokenizer, target_tokenizer = data_lib.load_tokenizers(config.data, args.vocab_dir)
-    config = training.with_vocab_sizes(config, source_tokenizer, target_tokenizer)
+    config = runs.with_vocab_sizes(config, source_tokenizer, target_tokenizer)
     pairs = data_lib.load_pairs(config.data, "train")
     if spec["batching"] == "fixed64":
         dataset = data_lib.fixed_size_batches(pairs.shuffle(30000, seed=args.seed),
@@ -393,7 +393,7 @@ def build_vocabulary(data_dir: str, vocab_dir: str) -> None:
     from keras_transformer.data import build_vocab
 
     build_vocab(DataConfig(dataset="files", data_dir=data_dir, source_lang="de",
-                           target_lang="en", vocab_size=8000, max_length=128), vocab_dir)
+                           target_lang="en", vocab_size=8000, max_pair_length=128), vocab_dir)
 
 
 def measure_peaks() -> dict:

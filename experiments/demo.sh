@@ -11,7 +11,7 @@ EXPORT=${EXPORT:-saved_models/demo}
 KT="$BIN/keras-transformer"
 
 echo "== 1. train (watch the loss fall; TensorBoard: $BIN/tensorboard --logdir $RUN/logs)"
-"$KT" train --config experiments/demo.yaml --output "$RUN" --verbose 2 "$@"
+"$KT" train --config experiments/demo.yaml --output "$RUN" --progress 2 "$@"
 
 echo "== 2. export a SavedModel for TF Serving"
 "$KT" export --run "$RUN" --output "$EXPORT"

@@ -25,7 +25,7 @@ SRC=$("$BIN/python" -c "import yaml; print(yaml.safe_load(open('$CONFIG'))['data
 TGT=$("$BIN/python" -c "import yaml; print(yaml.safe_load(open('$CONFIG'))['data']['target_lang'])")
 
 start=$(date +%s)
-"$KT" train --config "$CONFIG" --output "$RUN" --verbose 2 "$@"
+"$KT" train --config "$CONFIG" --output "$RUN" --progress 2 "$@"
 echo "training wall time: $(( $(date +%s) - start )) s"
 
 "$KT" average --run "$RUN" --last "$AVERAGE"

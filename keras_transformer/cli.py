@@ -1,5 +1,6 @@
 """The `keras-transformer` command line: one subcommand per stage of the pipeline.
 
+    keras-transformer --version
     keras-transformer info [--preset NAME]
     keras-transformer build-vocab --config experiments/NAME.yaml [--set k=v] --output DIR
     keras-transformer data-stats --config experiments/NAME.yaml [--set k=v] --vocab DIR
@@ -9,16 +10,27 @@
     keras-transformer translate --model saved_models/NAME/1 [--beam K | --greedy] < in > out
     keras-transformer evaluate --model saved_models/NAME/1 --source FILE --reference FILE
     keras-transformer tune-search --run runs/NAME --source VAL --reference VAL --beam 4,5 --alpha 0.6,1
+
+TensorFlow is imported only when a subcommand runs (so `--help` and `--version` answer at once),
+and its start-up logging is silenced unless `--verbose` is given. A user's mistake (a missing
+file, a bad config value, bad data) is one line on stderr and exit code 2; a traceback means a
+bug, and `--verbose` shows the traceback of every error.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+import warnings
 
+from keras_transformer import __version__
 from keras_transformer.config import ConfigError
-from keras_transformer.data import DataError
+from keras_transformer.text_io import DataError
+
+# Errors that are the user's to fix: printed as one line, exit code 2.
+USER_ERRORS = (ConfigError, DataError, FileNotFoundError, FileExistsError)
 
 
 def _info(args) -> int:
@@ -32,6 +44,8 @@ def _info(args) -> int:
     from keras_transformer.model import count_parameters
     from keras_transformer.training import resolve_precision
 
+    if args.model:
+        return _model_info(args.model)
     print(f"keras-transformer {keras_transformer.__version__}")
     print(f"tensorflow {tf.__version__}, tensorflow-text {tensorflow_text.__version__}, "
           f"keras {keras.__version__}")
@@ -44,6 +58,15 @@ def _info(args) -> int:
               f"dff {config.dff}, {config.num_heads} heads, share_embeddings "
               f"{config.share_embeddings}, vocab {config.source_vocab_size}/"
               f"{config.target_vocab_size}: {count_parameters(config):,} parameters")
+    return 0
+
+
+def _model_info(model_dir) -> int:
+    import json
+
+    from keras_transformer.export import read_provenance
+
+    print(json.dumps(read_provenance(model_dir), indent=2))
     return 0
 
 
@@ -64,10 +87,34 @@ def _build_vocab(args) -> int:
 
 
 def _data_stats(args) -> int:
-    from keras_transformer.data import data_stats, format_data_stats
+    from keras_transformer.data import data_stats
 
     print(format_data_stats(data_stats(_load_config(args).data, args.vocab)))
     return 0
+
+
+def format_data_stats(stats: dict) -> str:
+    """A human-readable report of `data_stats`."""
+    lines = [f"{stats['dataset']} {stats['direction']}, {stats['tokenizer']} vocabulary "
+             f"(source {stats['vocab_size']['source']}, target {stats['vocab_size']['target']})"]
+    for split, entry in stats["splits"].items():
+        dropped = ", ".join(f"{n} {reason}" for reason, n in entry["dropped"].items())
+        lines.append(f"\n[{split}] {entry['pairs']} pairs: {entry['kept']} kept, dropped {dropped}")
+        for side in ("source", "target"):
+            pct = " ".join(f"p{p}={v}" for p, v in entry[f"{side}_length"].items())
+            lines.append(f"  {side} tokens (with START/END): {pct}; "
+                         f"unknown-token rate {entry[f'{side}_unk_rate']:.4%}")
+        for key, title in (("batches", "bucketed batches"), ("fixed_64_batches", "64-pair batches")):
+            if key in entry:
+                b = entry[key]
+                budget = f", budget {b['tokens_per_batch']}" if "tokens_per_batch" in b else ""
+                lines.append(
+                    f"  {title}: {b['batches']} batches in {b['shapes']} shapes, "
+                    f"{b['mean_pairs_per_batch']:.1f} pairs, {b['mean_source_tokens']:.0f} source / "
+                    f"{b['mean_target_tokens']:.0f} target tokens per batch (max padded "
+                    f"{b['max_padded_tokens']}{budget}); padding {b['source_padding']:.1%} source, "
+                    f"{b['target_padding']:.1%} target")
+    return "\n".join(lines)
 
 
 def _train(args) -> int:
@@ -75,29 +122,26 @@ def _train(args) -> int:
 
     if args.logical_cpus:
         training.split_cpu(args.logical_cpus)
-    history = training.train(_load_config(args), args.output, verbose=args.verbose)
+    history = training.train(_load_config(args), args.output, verbose=args.progress)
     final = {k: round(v[-1], 4) for k, v in history.history.items()}
     print(f"keras-transformer train: finished {args.output}: {final}")
     return 0
 
 
 def _average(args) -> int:
-    from keras_transformer.training import average_checkpoints
+    from keras_transformer.runs import Run
 
-    path = average_checkpoints(args.run_dir, args.last, args.output, upper_bound=args.upper_bound)
+    path = Run(args.run_dir).average(args.last, args.output, upper_bound=args.upper_bound)
     bound = "" if args.upper_bound is None else f" up to epoch {args.upper_bound}"
     print(f"wrote the average of the last {args.last} checkpoints{bound} to {path}")
     return 0
 
 
 def _export(args) -> int:
-    from keras_transformer.translator import export_run
+    from keras_transformer.export import export_run
 
-    try:
-        path = export_run(args.run_dir, args.output, version=args.version, weights=args.weights,
-                          beam_size=args.beam, alpha=args.alpha, jit_compile=args.xla)
-    except FileExistsError as error:
-        raise ConfigError(str(error)) from None
+    path = export_run(args.run_dir, args.output, version=args.version, weights=args.weights,
+                      beam_size=args.beam, alpha=args.alpha, jit_compile=args.xla)
     print(f"exported {args.run_dir} to {path}")
     return 0
 
@@ -110,7 +154,7 @@ def _translate_function(args):
 
         module = translator_from_run(args.run_dir, weights=args.weights, beam_size=args.beam)
     else:
-        from keras_transformer.translator import load_translator
+        from keras_transformer.export import load_translator
 
         module = load_translator(args.model)
         if args.beam is not None and not args.greedy:
@@ -151,7 +195,7 @@ class _Progress:
 
 
 def _translate_lines(args, lines):
-    from keras_transformer.evaluation import translate_texts
+    from keras_transformer.translator import translate_texts
 
     translate = _translate_function(args)
     progress = _Progress(len(lines)) if not args.quiet else None
@@ -161,7 +205,7 @@ def _translate_lines(args, lines):
 
 def _read_lines(path) -> list[str]:
     """The lines of a plain or .gz UTF-8 file (errors name the file and line)."""
-    from keras_transformer.data import read_lines
+    from keras_transformer.text_io import read_lines
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file")
@@ -184,7 +228,8 @@ def _translate(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from keras_transformer.evaluation import score, write_lines
+    from keras_transformer.evaluation import score
+    from keras_transformer.text_io import write_lines
 
     sources, references = _read_aligned(args.source, args.reference)
     hypotheses = _translate_lines(args, sources)
@@ -199,8 +244,7 @@ def _evaluate(args) -> int:
 def _tune_search(args) -> int:
     import json
 
-    from keras_transformer.evaluation import tune_search
-    from keras_transformer.translator import translator_from_run
+    from keras_transformer.translator import translator_from_run, tune_search
 
     sources, references = _read_aligned(args.source, args.reference)
     translator = translator_from_run(args.run_dir, weights=args.weights)
@@ -264,14 +308,26 @@ def _add_config_arguments(parser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true",
+                        help="show TensorFlow's start-up logging, and tracebacks of errors")
     parser = argparse.ArgumentParser(
-        prog="keras-transformer",
+        prog="keras-transformer", parents=[common],
         description="Train, export and serve the Transformer of 'Attention Is All You Need'.")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"keras-transformer {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True)
 
-    info = commands.add_parser("info", help="versions, devices and preset parameter counts")
+    class Commands:  # every subcommand takes --verbose too
+        @staticmethod
+        def add_parser(name, **kwargs):
+            return subparsers.add_parser(name, parents=[common], **kwargs)
+
+    commands = Commands()
+    info = commands.add_parser("info", help="versions, devices and preset parameter counts; "
+                               "with --model, what an export was made from")
     info.add_argument("--preset", action="append",
                       help="preset name (repeatable; default: all presets)")
+    info.add_argument("--model", help="an export folder: print its provenance record")
     info.set_defaults(run=_info)
 
     vocab = commands.add_parser("build-vocab", help="learn and write the vocabulary files")
@@ -289,8 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--output", required=True, help="run folder (resumes if it holds this run)")
     train.add_argument("--logical-cpus", type=int, default=0, metavar="N",
                        help="split the CPU into N logical devices (distribution without GPUs)")
-    train.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2),
-                       help="1: progress bar, 2: one line per epoch")
+    train.add_argument("--progress", type=int, default=1, choices=(0, 1, 2),
+                       help="model.fit's verbose: 1 a progress bar, 2 one line per epoch, 0 none")
     train.set_defaults(run=_train)
 
     average = commands.add_parser("average", help="average the last N epoch checkpoints")
@@ -346,12 +402,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_tensorflow() -> None:
+    """Silences TensorFlow's C++ start-up lines (set before TensorFlow is imported), absl's and
+    TensorFlow's Python loggers, and Python warnings of the libraries."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"(keras|tensorflow)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
+    if not args.verbose:
+        quiet_tensorflow()
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="keras-transformer: %(message)s")
     try:
         return args.run(args)
-    except (ConfigError, FileNotFoundError, DataError) as error:
+    except USER_ERRORS as error:
+        if args.verbose:
+            raise
         print(f"keras-transformer {args.command}: error: {error}", file=sys.stderr)
         return 2
 

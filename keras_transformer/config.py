@@ -62,11 +62,11 @@ class ModelConfig:
     share_embeddings: str = "none"  # "none" | "target" (decoder embedding = output projection) | "all" (joint vocab)
     source_vocab_size: int = 8000
     target_vocab_size: int = 8000
-    max_length: int = 256  # longest sequence, in tokens, that the positional encoding covers
+    max_positions: int = 256  # positions the positional encoding covers: the longest sequence
 
     def __post_init__(self):
         for name in ("num_layers", "d_model", "num_heads", "dff", "source_vocab_size",
-                     "target_vocab_size", "max_length"):
+                     "target_vocab_size", "max_positions"):
             _check_positive(f"model.{name}", getattr(self, name))
         if self.d_model % self.num_heads:
             raise ConfigError(
@@ -103,7 +103,7 @@ class DataConfig:
     vocab_size: int = 8000  # target size of each vocabulary (the joint one for sentencepiece)
     lowercase: bool = False  # the tutorial lowercases; the paper and sacreBLEU's default do not
     vocab_dir: Optional[str] = None  # where vocabulary files are written/read; default {run}/vocab
-    max_length: int = 128  # longest sequence kept, in tokens including START/END
+    max_pair_length: int = 128  # longest source or target kept, in tokens with START/END
     tokens_per_batch: int = 4096  # padded source (and target) tokens in one global batch
     bucket_step: int = 8  # batches are padded to a multiple of this length
     shuffle_buffer: int = 30000
@@ -119,7 +119,7 @@ class DataConfig:
 
     def __post_init__(self):
         _check_choice("data.tokenizer", self.tokenizer, ("sentencepiece", "wordpiece"))
-        for name in ("vocab_size", "max_length", "tokens_per_batch", "bucket_step"):
+        for name in ("vocab_size", "max_pair_length", "tokens_per_batch", "bucket_step"):
             _check_positive(f"data.{name}", getattr(self, name))
         if self.subword_sampling:
             if self.tokenizer != "sentencepiece":
@@ -128,10 +128,10 @@ class DataConfig:
             if not self.sp_alpha > 0:
                 raise ConfigError(f"data.sp_alpha={self.sp_alpha} must be > 0 when "
                                   f"data.sp_nbest_size={self.sp_nbest_size} (sampling is on)")
-        if self.tokens_per_batch < self.max_length:
+        if self.tokens_per_batch < self.max_pair_length:
             raise ConfigError(
                 f"data.tokens_per_batch={self.tokens_per_batch} is smaller than "
-                f"data.max_length={self.max_length}: the longest pair would not fit in a batch")
+                f"data.max_pair_length={self.max_pair_length}: the longest pair would not fit in a batch")
 
     @property
     def subword_sampling(self) -> bool:
@@ -276,10 +276,15 @@ def _type_ok(value: Any, hint: Any) -> bool:
     return isinstance(value, hint)
 
 
+# Keys renamed since runs were first saved: a run's config.yaml with the old key still loads.
+RENAMED_KEYS = {"model.max_length": "max_positions", "data.max_length": "max_pair_length"}
+
+
 def from_dict(cls, values: dict, prefix: str):
     """Builds dataclass `cls` from a dict, rejecting unknown keys and values of the wrong type."""
     if not isinstance(values, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {values!r}")
+    values = _renamed(values, prefix)
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -297,6 +302,20 @@ def from_dict(cls, values: dict, prefix: str):
             value = float(value) if value is not None else None
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def _renamed(values: dict, prefix: str) -> dict:
+    """`values` with the old names of `RENAMED_KEYS` replaced by the new ones."""
+    values = dict(values)
+    for key in list(values):
+        new = RENAMED_KEYS.get(f"{prefix}.{key}")
+        if new is None:
+            continue
+        if new in values:
+            raise ConfigError(f"{prefix}.{key} is the old name of {prefix}.{new}; give only "
+                              f"{prefix}.{new}")
+        values[new] = values.pop(key)
+    return values
 
 
 def _type_name(hint: Any) -> str:

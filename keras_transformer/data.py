@@ -16,26 +16,25 @@ Policies (nothing is lost silently: `pair_stats` counts every pair as kept or dr
 - a pair with an empty source or target is dropped (reason "empty"); for local files the first
   line numbers are logged when the files are checked;
 - a pair whose source or target, in tokens including START and END, is longer than
-  `max_length` is dropped (reason "too_long"), never truncated (truncating would lose END).
+  `max_pair_length` is dropped (reason "too_long"), never truncated (truncating would lose END).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import gzip
 import logging
 import math
 import os
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Mapping
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from keras_transformer import multi30k  # noqa: F401  (registers the "multi30k" tfds builder)
-from keras_transformer.config import DATA_ENV, ConfigError, DataConfig
+from keras_transformer.config import ConfigError, DataConfig
+from keras_transformer.text_io import DataError, read_parallel_lines  # noqa: F401  (DataError: re-exported)
 from keras_transformer.tokenizers import (UNK_ID, Tokenizer, build_tokenizers,
                                           load_tokenizers)
 
@@ -49,58 +48,7 @@ SPLIT_ALIASES = {"validation": ("val", "valid", "dev"), "val": ("validation",)}
 _TOKENIZE_BATCH = 512  # pairs tokenized per call: tf-text ops are much faster on batches
 
 
-class DataError(ValueError):
-    """Bad input data; the message names the file (and line) and the offending value."""
-
-
 # ----------------------------------------------------------------------------- local text files
-
-def _open_binary(path: Path):
-    """Opens a plain or gzip file (detected by its magic bytes, not its name) for reading bytes."""
-    with open(path, "rb") as f:
-        gzipped = f.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rb") if gzipped else open(path, "rb")
-
-
-def read_lines(path: str | os.PathLike) -> Iterator[str]:
-    """Yields the lines of a plain or gzip `path` without their line ending; DataError naming
-    the file and line on bytes that are not UTF-8."""
-    with _open_binary(Path(path)) as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                yield raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as error:
-                raise DataError(
-                    f"{path}:{number}: not valid UTF-8 ({error.reason} at byte {error.start}): "
-                    f"{raw[:80]!r}") from None
-
-
-def read_parallel_lines(paths: Mapping[str, str | os.PathLike]) -> Iterator[tuple[int, dict]]:
-    """Reads line-aligned files together: yields (line_number, {key: line}) from 1.
-
-    Raises DataError for a missing or empty file, bytes that are not UTF-8 (naming file and line),
-    or files with different line counts (naming every file and its count).
-    """
-    paths = {key: Path(path) for key, path in paths.items()}
-    for path in paths.values():
-        if not path.is_file():
-            raise DataError(f"{path}: file not found")
-    readers = {key: read_lines(path) for key, path in paths.items()}
-    number = 0
-    while True:
-        lines = {key: next(reader, None) for key, reader in readers.items()}
-        if all(line is None for line in lines.values()):
-            break
-        if any(line is None for line in lines.values()):
-            counts = {key: number + (line is not None) + sum(1 for _ in readers[key])
-                      for key, line in lines.items()}
-            listing = ", ".join(f"{paths[key]} has {count} lines" for key, count in counts.items())
-            raise DataError(f"line-aligned files have different line counts: {listing}")
-        number += 1
-        yield number, lines
-    if number == 0:
-        raise DataError(f"{', '.join(map(str, paths.values()))}: empty file(s), no lines")
-
 
 @dataclasses.dataclass
 class FileCheck:
@@ -168,6 +116,8 @@ def _local_dir_or_none(data_config: DataConfig) -> str | None:
 
 
 def _load_multi30k(data_config: DataConfig, split: str) -> tf.data.Dataset:
+    from keras_transformer import multi30k  # noqa: F401  (registers the "multi30k" tfds builder)
+
     split = {"val": "validation"}.get(split, split)
     builder = tfds.builder("multi30k", data_dir=_tfds_data_dir(data_config))
     builder.download_and_prepare(
@@ -210,9 +160,9 @@ def load_pairs(data_config: DataConfig, split: str) -> tf.data.Dataset:
 
 # ----------------------------------------------------------------------------- filtering, counting
 
-def drop_reasons(source_lengths, target_lengths, empty, max_length: int):
+def drop_reasons(source_lengths, target_lengths, empty, max_pair_length: int):
     """KEEP (0), EMPTY or TOO_LONG per pair; lengths in tokens with START/END. Any matching shapes."""
-    too_long = (source_lengths > max_length) | (target_lengths > max_length)
+    too_long = (source_lengths > max_pair_length) | (target_lengths > max_pair_length)
     return tf.where(empty, EMPTY, tf.where(too_long, TOO_LONG, KEEP))
 
 
@@ -255,7 +205,7 @@ def pair_stats(pairs: tf.data.Dataset, source_tokenizer: Tokenizer, target_token
     def summarize(source_ids, target_ids, empty):
         source_len = tf.cast(source_ids.row_lengths(), tf.int32)
         target_len = tf.cast(target_ids.row_lengths(), tf.int32)
-        reasons = drop_reasons(source_len, target_len, empty, data_config.max_length)
+        reasons = drop_reasons(source_len, target_len, empty, data_config.max_pair_length)
         kept = reasons == KEEP
         unk = [tf.reduce_sum(tf.cast(tf.ragged.boolean_mask(ids, kept) == UNK_ID, tf.int64))
                for ids in (source_ids, target_ids)]
@@ -280,9 +230,9 @@ def pair_stats(pairs: tf.data.Dataset, source_tokenizer: Tokenizer, target_token
 # ----------------------------------------------------------------------------- batching
 
 def bucket_lengths(data_config: DataConfig) -> list[int]:
-    """Padded lengths of the batches: multiples of `bucket_step`, the last one >= `max_length`."""
+    """Padded lengths of the batches: multiples of `bucket_step`, the last one >= `max_pair_length`."""
     step = data_config.bucket_step
-    return [step * k for k in range(1, math.ceil(data_config.max_length / step) + 1)]
+    return [step * k for k in range(1, math.ceil(data_config.max_pair_length / step) + 1)]
 
 
 def bucket_batch_sizes(data_config: DataConfig, num_replicas: int = 1) -> list[int]:
@@ -308,7 +258,7 @@ def _filtered_examples(pairs, source_tokenizer, target_tokenizer, data_config):
     """Kept pairs as ((source_ids [n], target_in_ids [m]), target_out_ids [m]), unpadded."""
     def keep(source_ids, target_ids, empty):
         return drop_reasons(tf.size(source_ids), tf.size(target_ids), empty,
-                            data_config.max_length) == KEEP
+                            data_config.max_pair_length) == KEEP
     return (_tokenized(pairs, source_tokenizer, target_tokenizer)
             .unbatch()
             .filter(keep)
@@ -352,16 +302,16 @@ def make_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
 
     Each element is int32 [batch, length], padded with PAD = 0; target_in = [START, w1, ..., wn]
     and target_out = [w1, ..., wn, END]. Pairs are grouped by (source length, target length),
-    each rounded up to a multiple of `bucket_step` (so at most `max_length` rounded up), and
+    each rounded up to a multiple of `bucket_step` (so at most `max_pair_length` rounded up), and
     padded to exactly those lengths: batch shapes come from a small fixed set. A bucket whose
     longer side is L holds floor(tokens_per_batch / L) pairs (`bucket_batch_sizes`), so padded
     tokens per batch <= tokens_per_batch on each side; a bucket's last batch may be smaller.
-    Pairs with an empty side or longer than `max_length` are dropped (`pair_stats` counts them).
+    Pairs with an empty side or longer than `max_pair_length` are dropped (`pair_stats` counts them).
 
     Tokenized pairs are cached in memory (after the first pass); with `training` they are
     reshuffled each epoch. With a sampling tokenizer (subword regularization, see
     `tokenizers.training_tokenizers`) and `training`, the text pairs are cached instead and
-    tokenized again each epoch, so every epoch sees new segmentations (and the `max_length`
+    tokenized again each epoch, so every epoch sees new segmentations (and the `max_pair_length`
     filter applies to each epoch's). With `num_replicas > 1`, batch sizes are multiples of
     `num_replicas` and a bucket's last, smaller batch is left out unless it also divides evenly,
     so every replica gets the same number of pairs; each epoch's shuffle leaves out different
@@ -509,27 +459,3 @@ def _batch_entry(stats: BatchStats, budget: int | None) -> dict:
     if budget is not None:
         entry["tokens_per_batch"] = budget
     return entry
-
-
-def format_data_stats(stats: dict) -> str:
-    """A human-readable report of `data_stats`."""
-    lines = [f"{stats['dataset']} {stats['direction']}, {stats['tokenizer']} vocabulary "
-             f"(source {stats['vocab_size']['source']}, target {stats['vocab_size']['target']})"]
-    for split, entry in stats["splits"].items():
-        dropped = ", ".join(f"{n} {reason}" for reason, n in entry["dropped"].items())
-        lines.append(f"\n[{split}] {entry['pairs']} pairs: {entry['kept']} kept, dropped {dropped}")
-        for side in ("source", "target"):
-            pct = " ".join(f"p{p}={v}" for p, v in entry[f"{side}_length"].items())
-            lines.append(f"  {side} tokens (with START/END): {pct}; "
-                         f"unknown-token rate {entry[f'{side}_unk_rate']:.4%}")
-        for key, title in (("batches", "bucketed batches"), ("fixed_64_batches", "64-pair batches")):
-            if key in entry:
-                b = entry[key]
-                budget = f", budget {b['tokens_per_batch']}" if "tokens_per_batch" in b else ""
-                lines.append(
-                    f"  {title}: {b['batches']} batches in {b['shapes']} shapes, "
-                    f"{b['mean_pairs_per_batch']:.1f} pairs, {b['mean_source_tokens']:.0f} source / "
-                    f"{b['mean_target_tokens']:.0f} target tokens per batch (max padded "
-                    f"{b['max_padded_tokens']}{budget}); padding {b['source_padding']:.1%} source, "
-                    f"{b['target_padding']:.1%} target")
-    return "\n".join(lines)

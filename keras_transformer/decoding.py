@@ -8,17 +8,17 @@ The search knows nothing about the model. It drives a step function
     step:   int32 scalar, the position of `ids`.
     state:  a nested structure (dicts, lists) of tensors whose leading dimension is the batch,
             e.g. the decoder's self-attention key/value caches preallocated at a fixed length
-            `[batch, heads, max_length, head_dim]` and written at `step`, the cross-attention
+            `[batch, heads, max_decode_length, head_dim]` and written at `step`, the cross-attention
             keys/values computed once from the encoder output, and the source padding mask.
     logits: `[batch, vocab]`, scores of the token at position `step + 1` (cast to float32 here).
 
 as OpenNMT-tf and tensorflow/models (official/nlp/modeling/ops/beam_search.py) do. Everything is
 TensorFlow core ops in one `tf.while_loop` with loop variables of fixed shapes (the output is a
-preallocated `[..., max_length]` buffer), so both searches run inside `tf.function`, compile with
+preallocated `[..., max_decode_length]` buffer), so both searches run inside `tf.function`, compile with
 `jit_compile=True`, and export to SavedModels that TF Serving can run. The loop stops as soon as
 every sentence is done.
 
-Outputs are padded with `PAD_ID` after END and have `max_length` columns (a fixed size, so that
+Outputs are padded with `PAD_ID` after END and have `max_decode_length` columns (a fixed size, so that
 the functions compile with XLA); START is not included. A sentence that reaches its length cap
 without producing END is finished as it stands.
 
@@ -32,7 +32,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-PAD_ID = 0  # written after END; the same padding id as the model's
+from keras_transformer.tokenizers import PAD_ID  # written after END
+
+STOPPING_RULE = ("a sentence stops when its finished set is full and no alive hypothesis can "
+                 "beat the worst finished one (exact bound, lp at the length cap), or at its cap")
 # Log-probability of impossible hypotheses. Finite (as in tensorflow/models) so that arithmetic
 # on it never produces NaN; real sequence log-probabilities are assumed to stay above NEG_INF / 2.
 NEG_INF = -1e9
@@ -51,8 +54,8 @@ def length_penalty(length, alpha):
     return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
 
 
-def greedy_search(symbols_to_logits_fn, initial_state, *, batch_size, max_length, start_id=1,
-                  end_id=2, max_lengths=None, state_shape_invariants=None):
+def greedy_search(symbols_to_logits_fn, initial_state, *, batch_size, max_decode_length, start_id=1,
+                  end_id=2, length_caps=None, state_shape_invariants=None):
     """Batched greedy decoding: picks the most probable next token of every sentence.
 
     Args:
@@ -60,32 +63,32 @@ def greedy_search(symbols_to_logits_fn, initial_state, *, batch_size, max_length
             see the module docstring.
         initial_state: nested structure of tensors with leading dimension `batch`.
         batch_size: int or int32 scalar tensor.
-        max_length: int (or int32 scalar tensor without XLA), the most tokens generated per
+        max_decode_length: int (or int32 scalar tensor without XLA), the most tokens generated per
             sentence and the number of output columns.
         start_id: the token fed at step 0.
         end_id: the token that finishes a sentence.
-        max_lengths: optional int32 `[batch]`, per-sentence caps (the paper: source length + 50),
-            clipped to [1, max_length]; a sentence that reaches its cap is finished.
+        length_caps: optional int32 `[batch]`, per-sentence caps (the paper: source length + 50),
+            clipped to [1, max_decode_length]; a sentence that reaches its cap is finished.
         state_shape_invariants: optional `tf.TensorShape`s in the structure of `initial_state`,
             for state tensors whose shape changes from step to step (not under XLA).
 
     Returns:
-        ids: int32 `[batch, max_length]`, the generated tokens without START, END included where
+        ids: int32 `[batch, max_decode_length]`, the generated tokens without START, END included where
             produced, `PAD_ID` after it.
         scores: float32 `[batch]`, the sum of the log-probabilities of the generated tokens.
 
     Loop state (one `tf.while_loop`):
         step:     int32 `[]`, position of `ids`.
         ids:      int32 `[batch]`, the last token (START at step 0, PAD_ID once finished).
-        output:   int32 `[batch, max_length]`, zeros from column `step` on.
+        output:   int32 `[batch, max_decode_length]`, zeros from column `step` on.
         scores:   float32 `[batch]`.
         finished: bool `[batch]`.
         state:    the step function's state, `[batch, ...]`.
     """
-    caps = _length_caps(max_lengths, batch_size, max_length)  # [batch]
+    caps = _length_caps(length_caps, batch_size, max_decode_length)  # [batch]
 
     def cond(step, ids, output, scores, finished, state):
-        return tf.logical_and(step < max_length, tf.logical_not(tf.reduce_all(finished)))
+        return tf.logical_and(step < max_decode_length, tf.logical_not(tf.reduce_all(finished)))
 
     def body(step, ids, output, scores, finished, state):
         logits, state = symbols_to_logits_fn(ids, step, state)
@@ -94,14 +97,14 @@ def greedy_search(symbols_to_logits_fn, initial_state, *, batch_size, max_length
         scores += tf.where(finished, 0.0, next_log_probs)
         # A one-hot blend rather than tensor_scatter_nd_update, whose shape check rejects a
         # statically empty batch.
-        output += tf.one_hot(step, max_length, dtype=tf.int32) * next_ids[:, tf.newaxis]
+        output += tf.one_hot(step, max_decode_length, dtype=tf.int32) * next_ids[:, tf.newaxis]
         finished = finished | tf.equal(next_ids, end_id) | (step + 1 >= caps)
         return step + 1, next_ids, output, scores, finished, state
 
     loop_vars = (
         tf.constant(0, tf.int32),
         tf.fill([batch_size], tf.constant(start_id, tf.int32)),
-        tf.zeros([batch_size, max_length], tf.int32),
+        tf.zeros([batch_size, max_decode_length], tf.int32),
         tf.zeros([batch_size], tf.float32),
         tf.zeros([batch_size], tf.bool),
         initial_state,
@@ -112,8 +115,8 @@ def greedy_search(symbols_to_logits_fn, initial_state, *, batch_size, max_length
     return output, scores
 
 
-def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, max_length,
-                alpha=0.6, start_id=1, end_id=2, max_lengths=None, num_hypotheses=1,
+def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, max_decode_length,
+                alpha=0.6, start_id=1, end_id=2, length_caps=None, num_hypotheses=1,
                 state_shape_invariants=None):
     """Batched beam search with the GNMT length penalty; returns the n best hypotheses.
 
@@ -139,19 +142,19 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
             in the state, which saves reordering them at every step.
         batch_size: int or int32 scalar tensor.
         beam_size: int, the paper uses 4.
-        max_length: int (or int32 scalar tensor without XLA), the most tokens generated per
+        max_decode_length: int (or int32 scalar tensor without XLA), the most tokens generated per
             sentence and the number of output columns.
         alpha: float >= 0, the length penalty exponent; the paper uses 0.6, 0 ranks by log P.
         start_id: the token fed at step 0.
         end_id: the token that finishes a hypothesis.
-        max_lengths: optional int32 `[batch]`, per-sentence caps (the paper: source length + 50),
-            clipped to [1, max_length].
+        length_caps: optional int32 `[batch]`, per-sentence caps (the paper: source length + 50),
+            clipped to [1, max_decode_length].
         num_hypotheses: int in [1, beam_size], how many hypotheses to return per sentence.
         state_shape_invariants: optional `tf.TensorShape`s in the structure of `initial_state`
             (batch dimension free), for state tensors whose shape changes from step to step.
 
     Returns:
-        ids: int32 `[batch, num_hypotheses, max_length]`, best first, without START, END included
+        ids: int32 `[batch, num_hypotheses, max_decode_length]`, best first, without START, END included
             where produced, `PAD_ID` after it.
         scores: float32 `[batch, num_hypotheses]`, log P / lp(length). A slot for which no
             hypothesis exists (fewer possible sequences than `num_hypotheses`) has score NEG_INF
@@ -160,9 +163,9 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
     Loop state (one `tf.while_loop`):
         step:            int32 `[]`, position of `alive_ids`.
         alive_ids:       int32 `[batch, beam]`, the last token of each alive hypothesis.
-        alive_seq:       int32 `[batch, beam, max_length]`, alive hypotheses (columns >= step 0).
+        alive_seq:       int32 `[batch, beam, max_decode_length]`, alive hypotheses (columns >= step 0).
         alive_log_probs: float32 `[batch, beam]`, log P of each alive hypothesis, best first.
-        finished_seq:    int32 `[batch, beam, max_length]`.
+        finished_seq:    int32 `[batch, beam, max_decode_length]`.
         finished_scores: float32 `[batch, beam]`, log P / lp(length), best first, NEG_INF if empty.
         finished_flags:  bool `[batch, beam]`, whether a finished slot holds a hypothesis.
         done:            bool `[batch]`, the sentences whose search is over.
@@ -172,12 +175,12 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
         raise ValueError(f"num_hypotheses={num_hypotheses} must be in [1, beam_size={beam_size}]")
     if alpha < 0:
         raise ValueError(f"alpha={alpha} must be >= 0 (early stopping relies on it)")
-    caps = _length_caps(max_lengths, batch_size, max_length)  # [batch]
+    caps = _length_caps(length_caps, batch_size, max_decode_length)  # [batch]
     max_penalty = length_penalty(caps, alpha)  # [batch]
 
     def cond(step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
              finished_flags, done, state):
-        return tf.logical_and(step < max_length, tf.logical_not(tf.reduce_all(done)))
+        return tf.logical_and(step < max_decode_length, tf.logical_not(tf.reduce_all(done)))
 
     def body(step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
              finished_flags, done, state):
@@ -190,8 +193,8 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
             tf.reshape(candidates, [batch_size, beam_size * vocab_size]), k=2 * beam_size)
         top_beam = top_index // vocab_size  # [batch, 2 * beam]
         top_ids = top_index % vocab_size  # [batch, 2 * beam]
-        top_seq = tf.gather(alive_seq, top_beam, batch_dims=1)  # [batch, 2 * beam, max_length]
-        top_seq += tf.one_hot(step, max_length, dtype=tf.int32) * top_ids[:, :, tf.newaxis]
+        top_seq = tf.gather(alive_seq, top_beam, batch_dims=1)  # [batch, 2 * beam, max_decode_length]
+        top_seq += tf.one_hot(step, max_decode_length, dtype=tf.int32) * top_ids[:, :, tf.newaxis]
 
         length = step + 1
         ends = tf.equal(top_ids, end_id) | (length >= caps)[:, tf.newaxis]  # [batch, 2 * beam]
@@ -200,7 +203,7 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
         alive_log_probs, alive_pos = tf.math.top_k(
             tf.where(ends, NEG_INF, top_log_probs), k=beam_size)  # [batch, beam]
         alive_ids = tf.gather(top_ids, alive_pos, batch_dims=1)  # [batch, beam]
-        alive_seq = tf.gather(top_seq, alive_pos, batch_dims=1)  # [batch, beam, max_length]
+        alive_seq = tf.gather(top_seq, alive_pos, batch_dims=1)  # [batch, beam, max_decode_length]
         parents = tf.gather(top_beam, alive_pos, batch_dims=1)  # [batch, beam]
         state = _gather_beams(state, parents, batch_size, beam_size)
 
@@ -225,10 +228,10 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
     loop_vars = (
         tf.constant(0, tf.int32),
         tf.fill([batch_size, beam_size], tf.constant(start_id, tf.int32)),
-        tf.zeros([batch_size, beam_size, max_length], tf.int32),
+        tf.zeros([batch_size, beam_size, max_decode_length], tf.int32),
         # All beams start identical: only the first one may expand at step 0.
         tf.tile(first_beam_only[tf.newaxis], [batch_size, 1]),
-        tf.zeros([batch_size, beam_size, max_length], tf.int32),
+        tf.zeros([batch_size, beam_size, max_decode_length], tf.int32),
         tf.fill([batch_size, beam_size], NEG_INF),
         tf.zeros([batch_size, beam_size], tf.bool),
         tf.zeros([batch_size], tf.bool),
@@ -279,11 +282,11 @@ def _shape_invariants(loop_vars, state_shape_invariants):
             state_shape_invariants)
 
 
-def _length_caps(max_lengths, batch_size, max_length):
-    """Per-sentence length caps, int32 `[batch]`, clipped to [1, max_length]."""
-    if max_lengths is None:
-        return tf.fill([batch_size], tf.cast(max_length, tf.int32))
-    return tf.clip_by_value(tf.cast(max_lengths, tf.int32), 1, max_length)
+def _length_caps(length_caps, batch_size, max_decode_length):
+    """Per-sentence length caps, int32 `[batch]`, clipped to [1, max_decode_length]."""
+    if length_caps is None:
+        return tf.fill([batch_size], tf.cast(max_decode_length, tf.int32))
+    return tf.clip_by_value(tf.cast(length_caps, tf.int32), 1, max_decode_length)
 
 
 def _gather_beams(state, parents, batch_size, beam_size):

@@ -8,10 +8,11 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_transformer import compat
 from keras_transformer.config import ModelConfig, from_dict
 from keras_transformer.layers import Decoder, Encoder, PositionalEmbedding
-
-PAD_ID = 0  # padding id in every vocabulary; see tokenizers.py for the other reserved ids
+from keras_transformer.losses import sum_over_replicas, target_weights
+from keras_transformer.tokenizers import PAD_ID
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -49,13 +50,13 @@ class Transformer(keras.Model):
         stack_args = dict(layer_args, num_layers=config.num_layers, num_heads=config.num_heads,
                           dff=config.dff, norm=config.norm)
         self.source_embedding = PositionalEmbedding(
-            vocab_size=config.source_vocab_size, max_length=config.max_length,
+            vocab_size=config.source_vocab_size, max_positions=config.max_positions,
             name="source_embedding", **layer_args)
         if config.share_embeddings == "all":
             self.target_embedding = self.source_embedding
         else:
             self.target_embedding = PositionalEmbedding(
-                vocab_size=config.target_vocab_size, max_length=config.max_length,
+                vocab_size=config.target_vocab_size, max_positions=config.max_positions,
                 name="target_embedding", **layer_args)
         self.encoder = Encoder(name="encoder", **stack_args)
         self.decoder = Decoder(name="decoder", **stack_args)
@@ -128,7 +129,7 @@ class Transformer(keras.Model):
         tokens = ops.sum(target_weights(target_out_ids, sample_weight))
         # `loss` is this replica's share, (its summed token losses) / all tokens: the tracker
         # adds the summed losses and the token count, and sums both over replicas.
-        self._loss_tracker.update_state(
+        compat.loss_tracker(self).update_state(
             loss * sum_over_replicas(tokens) / ops.maximum(tokens, 1.0), sample_weight=tokens)
 
     def cross_attention_scores(self, source_ids, target_in_ids):
@@ -149,14 +150,14 @@ class Transformer(keras.Model):
         [batch, heads, source_len, head_dim]]}` (the cross-attention keys and values)."""
         return {"source_mask": source_mask, "layers": self.decoder.precompute_context(context)}
 
-    def init_cache(self, batch_size, max_length=None) -> list:
+    def init_cache(self, batch_size, max_decode_length=None) -> list:
         """The decoding state: per layer, self-attention `{"key", "value"}` caches of zeros
-        `[batch, heads, max_length, head_dim]`, or `[batch, heads, 0, head_dim]` caches that
-        grow by one position per step when `max_length` is None (`decode_step(...,
+        `[batch, heads, max_decode_length, head_dim]`, or `[batch, heads, 0, head_dim]` caches that
+        grow by one position per step when `max_decode_length` is None (`decode_step(...,
         growing=True)`; cheaper, but a `tf.while_loop` over them needs `cache_shape_invariants`
         and XLA cannot compile it). Every tensor has the batch as leading dimension, so that
         beam search can tile and reorder it."""
-        return self.decoder.init_cache(batch_size, 0 if max_length is None else max_length,
+        return self.decoder.init_cache(batch_size, 0 if max_decode_length is None else max_decode_length,
                                        self.compute_dtype)
 
     @staticmethod
@@ -197,21 +198,3 @@ def count_parameters(config: ModelConfig) -> int:
     model.build()
     return int(sum(ops.size(w) for w in model.trainable_weights))
 
-
-def target_weights(target_out_ids, sample_weight=None, pad_id=PAD_ID):
-    """float32 `[batch, length]`: `sample_weight` (`[batch]` or `[batch, length]`; default 1)
-    on the real target tokens, 0 on padding."""
-    weights = ops.cast(ops.not_equal(target_out_ids, pad_id), "float32")
-    if sample_weight is None:
-        return weights
-    sample_weight = ops.cast(sample_weight, "float32")
-    return weights * (sample_weight[:, None] if len(sample_weight.shape) == 1 else sample_weight)
-
-
-def sum_over_replicas(value):
-    """`value` summed over the replicas in sync; `value` itself outside a distribution
-    strategy's replica context or with one replica."""
-    replica_context = tf.distribute.get_replica_context()
-    if replica_context is not None and replica_context.num_replicas_in_sync > 1:
-        return replica_context.all_reduce("sum", value)
-    return value

@@ -1,6 +1,7 @@
 """A tfds builder for Multi30k task 1 (Elliott et al., 2016): image captions in en, de and fr.
 
-Importing this module registers the builder as `multi30k` (`keras_transformer.data` imports it).
+Importing this module registers the builder as `multi30k` (`keras_transformer.data` imports it
+when it loads the dataset).
 Each example holds the three line-aligned translations: {"en": ..., "de": ..., "fr": ...}.
 
 Where the raw files come from, in this order:
@@ -18,6 +19,7 @@ from pathlib import Path
 import tensorflow_datasets as tfds
 
 from keras_transformer.config import DATA_ENV
+from keras_transformer.text_io import read_parallel_lines
 
 URL_ENV = "KERAS_TRANSFORMER_MULTI30K_URL"
 LANGUAGES = ("en", "de", "fr")
@@ -77,8 +79,5 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
         return None
 
     def _generate_examples(self, paths: dict):
-        # Imported here: keras_transformer.data imports this module to register the builder.
-        from keras_transformer.data import read_parallel_lines
-
         for line_number, sentences in read_parallel_lines(paths):
             yield line_number, sentences

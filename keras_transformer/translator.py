@@ -5,7 +5,10 @@ detokenize), so the module exports as a SavedModel that TF Serving runs with no 
 
     translator = Translator(model, source_tokenizer, target_tokenizer, DecodeConfig(beam_size=4))
     translator.translate_greedy(tf.constant(["Ein Hund."]))  # {"translation", "score"}
-    export_translator(translator, "saved_models/NAME/1")  # or export_run(run_dir, ...)
+    translator = translator_from_run("runs/NAME")  # a trained run's model and tokenizers
+    translate_texts(translator.translate_beam, sentences)  # a list of str, batched by length
+
+`keras_transformer.export` writes a Translator as a SavedModel.
 
 Exported signatures (input `source`: string `[batch]`, any batch size including 0):
 
@@ -21,24 +24,25 @@ length penalty lp = ((5 + length) / 6) ** alpha (see `decoding`).
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import os
-import shutil
-from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import keras
 import tensorflow as tf
 
 from keras_transformer import decoding
-from keras_transformer.config import ConfigError, DecodeConfig
+from keras_transformer.config import DecodeConfig
+from keras_transformer.evaluation import score
 from keras_transformer.model import Transformer
+from keras_transformer.runs import Run
 from keras_transformer.tokenizers import END_ID, START_ID, Tokenizer
 
 STRINGS_SPEC = tf.TensorSpec([None], tf.string, name="source")
 SIGNATURE_INPUT = "source"  # the input key of every exported signature
 SIGNATURES = ("serving_default", "translate_greedy", "translate_beam", "translate_nbest")
-WARMUP_FILE = "tf_serving_warmup_requests"  # in assets.extra/, replayed by TF Serving on load
-WARMUP_SENTENCES = ("Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "")
+TranslateFn = Callable[[tf.Tensor], dict]  # string [batch] -> {"translation": string [batch], ...}
 
 # Under XLA every new input shape compiles the decoder loop again (seconds each), so shapes are
 # rounded up to a few sizes: source columns to a multiple of 16 (padding is masked), the output
@@ -50,11 +54,11 @@ XLA_OUTPUT_BUCKET = 32
 class Translator(tf.Module):
     """Strings `[batch]` in, `{"translation": string [batch], "score": float32 [batch]}` out.
 
-    Sources longer than the model's `max_length` tokens are truncated to their first
-    `max_length - 1` subwords plus END (documented, never an error). Outputs are at most
-    source length + `max_extra_length` tokens, capped by the model's `max_length` (section 6.1),
-    and the self-attention caches grow with the output (under XLA: sized to the batch's longest
-    cap, not to `max_length`).
+    Sources longer than `max_source_length` tokens (START and END included) are truncated to
+    their first `max_source_length - 1` tokens plus END (documented, never an error). Outputs
+    are at most source length + `max_extra_length` tokens, capped by the model's
+    `max_positions` (section 6.1), and the self-attention caches grow with the output (under
+    XLA: sized to the batch's longest cap).
 
     Args:
         model: a trained `Transformer`.
@@ -65,11 +69,14 @@ class Translator(tf.Module):
         jit_compile: compile encoder + search with XLA (tokenizers stay outside: tf-text ops have
             no XLA kernels). Shapes are bucketed (see XLA_SOURCE_BUCKET). TF Serving runs such
             a model only with `--xla_cpu_compilation_enabled=true`.
+        max_source_length: the longest source, in tokens with START/END, before truncation;
+            default and upper bound: the model's `max_positions` (`translator_from_run` passes
+            the run's `data.max_pair_length`, the longest source training saw).
     """
 
     def __init__(self, model: Transformer, source_tokenizer: Tokenizer,
                  target_tokenizer: Tokenizer, decode_config: DecodeConfig = DecodeConfig(),
-                 jit_compile: bool = False, name=None):
+                 jit_compile: bool = False, max_source_length: int | None = None, name=None):
         super().__init__(name=name)
         # Not tracked: the SavedModel would store every weight twice, once through the Keras
         # variable wrappers and once as the tf.Variables below.
@@ -78,6 +85,8 @@ class Translator(tf.Module):
         self.target_tokenizer = target_tokenizer
         self.decode_config = decode_config
         self.jit_compile = jit_compile
+        positions = model.config.max_positions
+        self.max_source_length = min(max_source_length or positions, positions)
         # The session-based loader (saved_model_cli, TF Serving) finds variables only if the
         # module tracks the tf.Variables themselves, not Keras 3's wrappers around them. A
         # compiled model's optimizer is thus never tracked either.
@@ -126,7 +135,8 @@ class Translator(tf.Module):
     def _encode_inputs(self, source):
         """Source strings -> (ids int32 [batch, len], per-sentence output caps int32 [batch],
         the output buffer length int32 [])."""
-        limit = self.model.config.max_length
+        limit = self.max_source_length
+        positions = self.model.config.max_positions
         tokens = self.source_tokenizer.tokenize(source)  # ragged [batch, (len)], START ... END
         lengths = tf.cast(tokens.row_lengths(), tf.int32)  # [batch]
         source_ids = tokens.to_tensor()[:, :limit]  # [batch, min(longest, limit)]
@@ -135,45 +145,54 @@ class Translator(tf.Module):
         source_ids = tf.where((lengths > limit)[:, None] & last_column[None, :], END_ID,
                               source_ids)
         lengths = tf.minimum(lengths, limit)
-        max_lengths = tf.minimum(lengths + self.decode_config.max_extra_length, limit)
-        max_length = tf.reduce_max(tf.concat([max_lengths, [1]], 0))
+        length_caps = tf.minimum(lengths + self.decode_config.max_extra_length, positions)
+        max_decode_length = tf.reduce_max(tf.concat([length_caps, [1]], 0))
         if self.jit_compile:
             source_ids = _pad_columns(source_ids, _round_up(tf.shape(source_ids)[1],
                                                             XLA_SOURCE_BUCKET, limit))
-            max_length = _round_up(max_length, XLA_OUTPUT_BUCKET, limit)
-        return source_ids, max_lengths, max_length
+            max_decode_length = _round_up(max_decode_length, XLA_OUTPUT_BUCKET, positions)
+        return source_ids, length_caps, max_decode_length
 
-    def _greedy_search(self, source_ids, max_lengths, max_length):
-        """-> ids int32 [batch, max_length], scores float32 [batch] (see decoding.greedy_search)."""
+    def _greedy_search(self, source_ids, length_caps, max_decode_length):
+        """-> ids int32 [batch, max_decode_length], scores float32 [batch]
+        (see decoding.greedy_search)."""
         batch_size = tf.shape(source_ids)[0]
-        cache, invariants = self._init_cache(batch_size, max_length)
+        cache, invariants = self._init_cache(batch_size, max_decode_length)
         return decoding.greedy_search(
             self._step_function(source_ids), cache, batch_size=batch_size,
-            max_length=max_length, start_id=START_ID, end_id=END_ID, max_lengths=max_lengths,
+            max_decode_length=max_decode_length, start_id=START_ID, end_id=END_ID,
+            length_caps=length_caps,
             state_shape_invariants=invariants)
 
-    def _beam_search(self, source_ids, max_lengths, max_length, num_hypotheses):
-        """-> ids int32 [batch, n, max_length], scores float32 [batch, n] (decoding.beam_search)."""
+    def _beam_search(self, source_ids, length_caps, max_decode_length, num_hypotheses):
+        """-> ids int32 [batch, n, max_decode_length], scores float32 [batch, n]
+        (see decoding.beam_search)."""
         batch_size = tf.shape(source_ids)[0]
         beam_size = self.decode_config.beam_size
-        cache, invariants = self._init_cache(batch_size, max_length)
+        cache, invariants = self._init_cache(batch_size, max_decode_length)
         return decoding.beam_search(
             self._step_function(source_ids, beam_size), cache, batch_size=batch_size,
-            beam_size=beam_size, max_length=max_length, alpha=self.decode_config.alpha,
-            start_id=START_ID, end_id=END_ID, max_lengths=max_lengths,
+            beam_size=beam_size, max_decode_length=max_decode_length,
+            alpha=self.decode_config.alpha,
+            start_id=START_ID, end_id=END_ID, length_caps=length_caps,
             num_hypotheses=num_hypotheses, state_shape_invariants=invariants)
 
-    def _init_cache(self, batch_size, max_length):
+    def _init_cache(self, batch_size, max_decode_length):
         """The decoder's self-attention caches and their loop shape invariants.
 
         Without XLA the caches grow by one position per step, so attention and beam reordering
         cost the length decoded so far (a few tokens for most sentences) instead of the longest
-        cap of the batch (source length + 50). XLA needs fixed shapes: caches of `max_length`.
+        cap of the batch (source length + 50). XLA needs fixed shapes: caches of `max_decode_length`.
         """
         if not self._growing_caches:
-            return self.model.init_cache(batch_size, max_length), None
+            return self.model.init_cache(batch_size, max_decode_length), None
         cache = self.model.init_cache(batch_size)
         return cache, self.model.cache_shape_invariants(cache)
+
+    @property
+    def stopping_rule(self) -> str:
+        """How beam search decides a sentence is done (recorded in an export's provenance)."""
+        return decoding.STOPPING_RULE
 
     @property
     def _growing_caches(self) -> bool:
@@ -213,83 +232,7 @@ def _pad_columns(ids, length):
     return tf.pad(ids, [[0, 0], [0, length - tf.shape(ids)[1]]])
 
 
-# ----------------------------------------------------------------------------- export
-
-def uncompiled_copy(model: Transformer) -> Transformer:
-    """A fresh, never-compiled `Transformer` with `model`'s config and weights.
-
-    A compiled model tracks its optimizer, whose slot variables would be exported too (3x the
-    size, and useless for serving).
-    """
-    copy = Transformer.from_config(model.get_config())
-    copy.build()
-    copy.set_weights(model.get_weights())
-    return copy
-
-
-def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
-                      warmup_sentences: Sequence[str] | None = WARMUP_SENTENCES) -> Path:
-    """Writes `translator` as a SavedModel at `export_dir` (which must not exist).
-
-    The SavedModel holds the signatures listed in the module docstring, the tokenizer files as
-    assets, and, when `tensorflow_serving_api` is importable and `warmup_sentences` is not None,
-    a TF Serving warmup file (one request per signature). It is written to a hidden sibling folder
-    and renamed at the end, so that TF Serving, which watches the parent folder, never sees a
-    half-written version. A compiled model is exported from an `uncompiled_copy`.
-
-    Returns:
-        the export folder.
-    """
-    export_dir = Path(export_dir)
-    if export_dir.exists():
-        raise FileExistsError(f"{export_dir} already exists: choose another version")
-    if getattr(translator.model, "optimizer", None) is not None:
-        translator = Translator(uncompiled_copy(translator.model), translator.source_tokenizer,
-                                translator.target_tokenizer, translator.decode_config,
-                                jit_compile=translator.jit_compile)
-    partial = export_dir.with_name(f".{export_dir.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    export_dir.parent.mkdir(parents=True, exist_ok=True)
-    tf.saved_model.save(translator, str(partial), signatures=translator.signatures())
-    if warmup_sentences is not None:
-        write_warmup_requests(partial, warmup_sentences, model_name=export_dir.parent.name)
-    os.replace(partial, export_dir)
-    return export_dir
-
-
-def write_warmup_requests(export_dir: str | os.PathLike, sentences: Sequence[str], *,
-                          model_name: str = "translator") -> Path | None:
-    """Writes `assets.extra/tf_serving_warmup_requests`: one PredictRequest per signature.
-
-    TF Serving replays these before it serves a version, so the first real request does not pay
-    for loading the tokenizers and (with XLA) compiling. Returns None, writing nothing, when
-    tensorflow-serving-api is not installed (an optional extra).
-    """
-    try:
-        from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
-    except ImportError:
-        return None
-    path = Path(export_dir) / "assets.extra" / WARMUP_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tf.io.TFRecordWriter(str(path)) as writer:
-        for signature in SIGNATURES:
-            request = predict_pb2.PredictRequest(
-                model_spec=model_pb2.ModelSpec(name=model_name, signature_name=signature))
-            request.inputs[SIGNATURE_INPUT].CopyFrom(
-                tf.make_tensor_proto(list(sentences), dtype=tf.string))
-            log = prediction_log_pb2.PredictionLog(
-                predict_log=prediction_log_pb2.PredictLog(request=request))
-            writer.write(log.SerializeToString())
-    return path
-
-
-def next_version(model_root: str | os.PathLike) -> int:
-    """1 + the highest numbered version folder in `model_root` (1 if there is none)."""
-    root = Path(model_root)
-    versions = [int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit()] if (
-        root.is_dir()) else []
-    return max(versions, default=0) + 1
-
+# ----------------------------------------------------------------------------- running it
 
 def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
                         beam_size: int | None = None, alpha: float | None = None,
@@ -301,41 +244,82 @@ def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
         weights: "best", "last", or a weight file's path.
         beam_size, alpha: override the run's `decode` settings.
     """
-    from keras_transformer.tokenizers import load_tokenizers
-    from keras_transformer.training import load_run_config, load_trained_model
-
-    config = load_run_config(run_dir)
+    run = Run(run_dir)
+    config = run.config
     decode_config = DecodeConfig(
         beam_size=config.decode.beam_size if beam_size is None else beam_size,
         alpha=config.decode.alpha if alpha is None else alpha,
         max_extra_length=config.decode.max_extra_length)
-    vocab_dir = Path(config.data.vocab_dir or Path(run_dir) / "vocab")
-    source_tokenizer, target_tokenizer = load_tokenizers(config.data, vocab_dir)
-    model = load_trained_model(run_dir, weights)
+    source_tokenizer, target_tokenizer = run.tokenizers()
+    model = run.load_model(weights)
     return Translator(model, source_tokenizer, target_tokenizer, decode_config,
-                      jit_compile=jit_compile)
+                      jit_compile=jit_compile, max_source_length=config.data.max_pair_length)
 
 
-def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
-               version: int | None = None, **translator_args) -> Path:
-    """Exports a training run to `model_root/<version>/` (default: the next free version).
+def translate_texts(translate: TranslateFn, sentences: Sequence[str], *,
+                    batch_size: int = 64, progress: Callable[[int], None] | None = None,
+                    workers: int = 1) -> list[str]:
+    """Translates `sentences` in batches of similar length; returns them in input order.
 
-    `translator_args` go to `translator_from_run` (weights, beam_size, alpha, jit_compile).
+    Sorting by length keeps padding, and wasted decoder steps, small. `translate` is a Translator
+    signature (`translate_greedy`, `translate_beam`, or a loaded SavedModel's function).
+    `workers` > 1 runs that many batches at once from a thread pool, as concurrent requests to a
+    server would (TensorFlow releases the GIL while a batch runs).
     """
-    if version is not None and version < 1:
-        raise ConfigError(f"--version {version}: TF Serving versions are positive integers")
-    translator = translator_from_run(run_dir, **translator_args)
-    version = next_version(model_root) if version is None else version
-    return export_translator(translator, Path(model_root) / str(version))
+    if batch_size < 1 or workers < 1:
+        raise ValueError(f"batch_size={batch_size} and workers={workers} must be >= 1")
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i].split()))
+    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+    def run(indices):
+        batch = tf.constant([sentences[i] for i in indices], tf.string)
+        outputs = translate(batch)["translation"]
+        return indices, outputs.numpy() if hasattr(outputs, "numpy") else outputs
+
+    results: list[str] = [""] * len(sentences)
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for indices, outputs in pool.map(run, batches):
+            for index, text in zip(indices, outputs):
+                results[index] = text.decode("utf-8")
+            if progress is not None:
+                progress(len(indices))
+    return results
 
 
-def load_translator(export_dir: str | os.PathLike):
-    """Loads an exported translator (its signatures are `.signatures[name]`, its functions
-    `translate_greedy` etc.); registers the tf-text ops first, as every loader must."""
-    import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
+def tune_search(translator, sources: Sequence[str], references: Sequence[str],
+                beam_sizes: Sequence[int], alphas: Sequence[float], *, batch_size: int = 64,
+                workers: int = 1) -> dict:
+    """Cased sacreBLEU of beam search for every beam size and length penalty, on held-out pairs.
 
-    export_dir = Path(export_dir)
-    if not (export_dir / "saved_model.pb").is_file():
-        raise FileNotFoundError(f"{export_dir} is not a SavedModel (no saved_model.pb): pass a "
-                                "version folder such as saved_models/NAME/1")
-    return tf.saved_model.load(str(export_dir))
+    The paper chose its beam size and alpha on the development set (section 6.1); run this on
+    the validation split, never on a test set. The grid shares `translator`'s model and
+    tokenizers.
+
+    Args:
+        translator: a `Translator` (e.g. `translator_from_run`).
+        sources, references: line-aligned held-out sentences.
+        beam_sizes, alphas: the grid; every pair is decoded once.
+
+    Returns:
+        {"results": [{"beam_size", "alpha", "bleu", "chrf"}, ...] in grid order,
+         "best": the result with the highest BLEU (the first of equals), "bleu_signature"}.
+    """
+    if len(sources) != len(references):
+        raise ValueError(f"{len(sources)} sources for {len(references)} references")
+    if not beam_sizes or not alphas:
+        raise ValueError("an empty grid: give at least one beam size and one alpha")
+    results, signature = [], None
+    for beam_size in beam_sizes:
+        for alpha in alphas:
+            decode_config = dataclasses.replace(translator.decode_config, beam_size=beam_size,
+                                                alpha=alpha)
+            candidate = Translator(translator.model, translator.source_tokenizer,
+                                   translator.target_tokenizer, decode_config)
+            hypotheses = translate_texts(candidate.translate_beam, sources,
+                                         batch_size=batch_size, workers=workers)
+            scores = score(hypotheses, references)
+            signature = scores["bleu_signature"]
+            results.append({"beam_size": beam_size, "alpha": alpha, "bleu": scores["bleu"],
+                            "chrf": scores["chrf"]})
+    return {"results": results, "best": max(results, key=lambda row: row["bleu"]),
+            "bleu_signature": signature}

@@ -52,7 +52,7 @@ def multi30k_config(multi30k_dir):
     keyword arguments override fields."""
     def make(**overrides) -> DataConfig:
         values = dict(dataset="files", data_dir=str(multi30k_dir), source_lang="de",
-                      target_lang="en", vocab_size=1000, max_length=64, tokens_per_batch=2048)
+                      target_lang="en", vocab_size=1000, max_pair_length=64, tokens_per_batch=2048)
         values.update(overrides)
         return DataConfig(**values)
     return make
@@ -101,7 +101,7 @@ def wordpiece_tokenizers(wordpiece_vocab):
 def random_translation_model(sentencepiece_tokenizers):
     """(model, tokenizer): a random tiny Transformer over the joint SentencePiece vocabulary.
 
-    `max_length` 24 keeps searches short. The output layer is scaled and the END logit biased, so
+    `max_positions` 24 keeps searches short. The output layer is scaled and the END logit biased, so
     that outputs have varied lengths (some empty, some at their cap) and the searches' early exits
     are used.
     """
@@ -114,7 +114,7 @@ def random_translation_model(sentencepiece_tokenizers):
     tokenizer = sentencepiece_tokenizers[0]
     config = ModelConfig(num_layers=2, d_model=32, num_heads=4, dff=64, dropout=0.1,
                          share_embeddings="none", source_vocab_size=tokenizer.vocab_size,
-                         target_vocab_size=tokenizer.vocab_size, max_length=24)
+                         target_vocab_size=tokenizer.vocab_size, max_positions=24)
     model = Transformer(config)
     model.build()
     # Seeded numpy weights rather than keras.utils.set_random_seed, which clears TensorFlow's

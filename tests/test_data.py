@@ -30,7 +30,7 @@ def _write(path, lines, compress=False):
 
 def _files_config(folder, **overrides):
     values = dict(dataset="files", data_dir=str(folder), source_lang="de", target_lang="en",
-                  max_length=16, tokens_per_batch=64, bucket_step=8)
+                  max_pair_length=16, tokens_per_batch=64, bucket_step=8)
     values.update(overrides)
     return DataConfig(**values)
 
@@ -81,7 +81,7 @@ def test_empty_lines_are_dropped_counted_and_logged(tmp_path, small_pairs, caplo
     lines[3] = (lines[3][0], "")
     _write(tmp_path / "train.de", [s for s, _ in lines])
     _write(tmp_path / "train.en", [t for _, t in lines])
-    config = _files_config(tmp_path, max_length=64, tokens_per_batch=512)
+    config = _files_config(tmp_path, max_pair_length=64, tokens_per_batch=512)
     with caplog.at_level(logging.WARNING):
         pairs = load_pairs(config, "train")
     assert "2 of 5 line pairs have an empty side" in caplog.text and "(lines 2, 4)" in caplog.text
@@ -169,7 +169,7 @@ def test_multi30k_builder_downloads_from_its_url(multi30k_dir, tmp_path, monkeyp
 # ----------------------------------------------------------------------------- batching
 
 def test_bucket_lengths_and_batch_sizes():
-    config = DataConfig(max_length=30, tokens_per_batch=100, bucket_step=8)
+    config = DataConfig(max_pair_length=30, tokens_per_batch=100, bucket_step=8)
     assert bucket_lengths(config) == [8, 16, 24, 32]
     assert bucket_batch_sizes(config) == [12, 6, 4, 3]
     assert bucket_batch_sizes(config, num_replicas=2) == [12, 6, 4, 2]
@@ -179,8 +179,8 @@ def test_bucket_lengths_and_batch_sizes():
 
 @pytest.fixture(scope="module")
 def train_batches(sentencepiece_tokenizers, multi30k_config):
-    """Multi30k train (29,000 pairs); with 1,000 pieces and max_length 64 some pairs are too long."""
-    config = multi30k_config(max_length=64, tokens_per_batch=2048)
+    """Multi30k train (29,000 pairs); with 1,000 pieces and max_pair_length 64 some pairs are too long."""
+    config = multi30k_config(max_pair_length=64, tokens_per_batch=2048)
     pairs = load_pairs(config, "train")
     stats = pair_stats(pairs, *sentencepiece_tokenizers, config)
     batches = make_batches(pairs, *sentencepiece_tokenizers, config, training=True)
@@ -241,9 +241,9 @@ def test_replica_count_divides_every_batch(sentencepiece_tokenizers, multi30k_co
 def test_subword_sampling_resegments_training_pairs_every_epoch(sentencepiece_vocab,
                                                                 sentencepiece_tokenizers):
     config, _ = sentencepiece_vocab
-    # max_length 256: no pair too long, even resegmented into more pieces.
+    # max_pair_length 256: no pair too long, even resegmented into more pieces.
     config = DataConfig(**{**vars(config), "sp_nbest_size": -1, "sp_alpha": 0.2,
-                           "max_length": 256})
+                           "max_pair_length": 256})
     best, _ = sentencepiece_tokenizers
     sampler, _ = training_tokenizers(config, best, best)
     pairs = load_pairs(config, "validation")
@@ -276,7 +276,7 @@ def test_data_stats_report(sentencepiece_vocab, multi30k_dir):
     assert train["pairs"] == 29000 and train["kept"] + sum(train["dropped"].values()) == 29000
     assert stats["splits"]["test_2016_flickr"]["pairs"] == 1000
     assert train["batches"]["max_padded_tokens"] <= config.tokens_per_batch
-    assert train["source_length"][50] <= train["source_length"][99] <= config.max_length + 100
+    assert train["source_length"][50] <= train["source_length"][99] <= config.max_pair_length + 100
     report = format_data_stats(stats)
     assert "[validation] 1014 pairs" in report and "padding" in report
 
@@ -284,7 +284,7 @@ def test_data_stats_report(sentencepiece_vocab, multi30k_dir):
 def test_read_lines_reads_plain_and_gzip_alike(tmp_path):
     import gzip
 
-    from keras_transformer.data import read_lines
+    from keras_transformer.text_io import read_lines
 
     text = "Ein Hund.\r\nZwei Katzen.\n\nÄrger.\n"
     (tmp_path / "a.txt").write_text(text, encoding="utf-8", newline="")

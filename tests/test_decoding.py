@@ -24,21 +24,21 @@ class TableStep:
 
     buckets = 31  # the prefix hash range
 
-    def __init__(self, seed, vocab_size, max_length, scale=2.0):
+    def __init__(self, seed, vocab_size, max_decode_length, scale=2.0):
         rng = np.random.default_rng(seed)
-        self.max_length = max_length
-        self.token_table = (scale * rng.normal(size=(max_length, vocab_size, vocab_size))).astype(
+        self.max_decode_length = max_decode_length
+        self.token_table = (scale * rng.normal(size=(max_decode_length, vocab_size, vocab_size))).astype(
             np.float32)
         self.history_table = (scale * rng.normal(size=(self.buckets, vocab_size))).astype(
             np.float32)
-        self.multipliers = np.array([7 ** t % self.buckets for t in range(max_length)], np.int32)
+        self.multipliers = np.array([7 ** t % self.buckets for t in range(max_decode_length)], np.int32)
 
     def initial_state(self, batch_size):
-        return {"history": tf.zeros([batch_size, self.max_length], tf.int32),
+        return {"history": tf.zeros([batch_size, self.max_decode_length], tf.int32),
                 "sentence": tf.range(batch_size, dtype=tf.int32)}
 
     def __call__(self, ids, step, state):
-        history = state["history"] + tf.one_hot(step, self.max_length, dtype=tf.int32) * ids[:, None]
+        history = state["history"] + tf.one_hot(step, self.max_decode_length, dtype=tf.int32) * ids[:, None]
         bucket = (state["sentence"] * 5 + tf.reduce_sum(history * self.multipliers, axis=1)) % (
             self.buckets)
         logits = (tf.gather(tf.gather(self.token_table, step), ids)
@@ -62,7 +62,7 @@ class TableStep:
 
 
 def strip(ids):
-    """Generated tokens up to END (included), or all `max_length` of them; padding dropped."""
+    """Generated tokens up to END (included), or all `max_decode_length` of them; padding dropped."""
     ids = list(ids)
     return ids[:ids.index(END) + 1] if END in ids else ids
 
@@ -108,7 +108,7 @@ def reference_beam_search(step_fn, sentence, vocab_size, beam_size, cap, alpha):
 
 
 def scripted_step(script):
-    """A step function whose logits at step s are `script[s]`, `[max_length, batch, vocab]`."""
+    """A step function whose logits at step s are `script[s]`, `[max_decode_length, batch, vocab]`."""
     script = tf.constant(script, tf.float32)
 
     def step_fn(ids, step, state):
@@ -130,24 +130,24 @@ def peak_log_prob(vocab_size, peak=5.0):
 
 
 def test_greedy_scripted_ids_end_padding_and_scores():
-    vocab_size, max_length = 6, 5
+    vocab_size, max_decode_length = 6, 5
     tokens = [[3, 4, END, 5, 5],  # ends at step 2
-              [3, 3, 3, 3, 3],  # never ends: stops at max_length
+              [3, 3, 3, 3, 3],  # never ends: stops at max_decode_length
               [END, 4, 4, 4, 4]]  # ends at once
     script = one_hot_logits(tokens, vocab_size)
     ids, scores = decoding.greedy_search(scripted_step(script), {}, batch_size=3,
-                                         max_length=max_length, start_id=START, end_id=END)
+                                         max_decode_length=max_decode_length, start_id=START, end_id=END)
     np.testing.assert_array_equal(ids, [[3, 4, END, 0, 0], [3, 3, 3, 3, 3], [END, 0, 0, 0, 0]])
     assert ids.dtype == tf.int32 and scores.dtype == tf.float32
     np.testing.assert_allclose(scores, np.array([3, 5, 1]) * peak_log_prob(vocab_size), rtol=1e-6)
 
 
 def test_greedy_per_sentence_max_lengths():
-    vocab_size, max_length = 6, 5
+    vocab_size, max_decode_length = 6, 5
     tokens = [[3, 4, 5, 3, 4], [3, 4, END, 3, 3], [5, 5, 5, 5, 5]]
     script = one_hot_logits(tokens, vocab_size)
     ids, scores = decoding.greedy_search(scripted_step(script), {}, batch_size=3,
-                                         max_length=max_length, max_lengths=[2, 4, 9])
+                                         max_decode_length=max_decode_length, length_caps=[2, 4, 9])
     np.testing.assert_array_equal(ids, [[3, 4, 0, 0, 0], [3, 4, END, 0, 0], [5, 5, 5, 5, 5]])
     np.testing.assert_allclose(scores, np.array([2, 3, 5]) * peak_log_prob(vocab_size), rtol=1e-6)
 
@@ -161,7 +161,7 @@ def test_greedy_threads_state():
         return 5.0 * tf.one_hot(token, vocab_size), {"counter": state["counter"] + 2}
 
     ids, _ = decoding.greedy_search(step_fn, {"counter": tf.constant([0, 1])}, batch_size=2,
-                                    max_length=4)
+                                    max_decode_length=4)
     np.testing.assert_array_equal(ids, [[3, 5, 3, 5], [4, 6, 4, 6]])
 
 
@@ -172,38 +172,38 @@ def test_greedy_feeds_its_own_tokens():
     def step_fn(ids, step, state):
         return 5.0 * tf.one_hot((ids + 1) % vocab_size, vocab_size), state
 
-    ids, _ = decoding.greedy_search(step_fn, {}, batch_size=1, max_length=8, start_id=4)
+    ids, _ = decoding.greedy_search(step_fn, {}, batch_size=1, max_decode_length=8, start_id=4)
     np.testing.assert_array_equal(ids, [[5, 6, 7, 0, 1, END, 0, 0]])
 
 
 def test_greedy_matches_numpy_reference_on_random_function():
-    vocab_size, max_length, batch_size = 7, 6, 5
-    step_fn = TableStep(0, vocab_size, max_length)
+    vocab_size, max_decode_length, batch_size = 7, 6, 5
+    step_fn = TableStep(0, vocab_size, max_decode_length)
     ids, scores = tf.function(decoding.greedy_search)(
-        step_fn, step_fn.initial_state(batch_size), batch_size=batch_size, max_length=max_length)
+        step_fn, step_fn.initial_state(batch_size), batch_size=batch_size, max_decode_length=max_decode_length)
     for sentence in range(batch_size):
         prefix, total = [START], 0.0
-        while len(prefix) <= max_length:
+        while len(prefix) <= max_decode_length:
             log_probs = step_fn.log_probs(sentence, prefix)
             prefix.append(int(np.argmax(log_probs)))
             total += log_probs[prefix[-1]]
             if prefix[-1] == END:
                 break
-        assert list(ids[sentence]) == padded(prefix[1:], max_length)
+        assert list(ids[sentence]) == padded(prefix[1:], max_decode_length)
         np.testing.assert_allclose(scores[sentence], total, rtol=1e-5)
 
 
 def test_greedy_stops_when_every_sentence_has_ended():
-    vocab_size, max_length = 6, 50
+    vocab_size, max_decode_length = 6, 50
     calls = tf.Variable(0)
-    tokens = [[3, END] + [4] * (max_length - 2), [END] + [4] * (max_length - 1)]
+    tokens = [[3, END] + [4] * (max_decode_length - 2), [END] + [4] * (max_decode_length - 1)]
     script = scripted_step(one_hot_logits(tokens, vocab_size))
 
     def step_fn(ids, step, state):
         calls.assign_add(1)
         return script(ids, step, state)
 
-    tf.function(decoding.greedy_search)(step_fn, {}, batch_size=2, max_length=max_length)
+    tf.function(decoding.greedy_search)(step_fn, {}, batch_size=2, max_decode_length=max_decode_length)
     assert int(calls.numpy()) == 2
 
 
@@ -211,33 +211,33 @@ def test_greedy_stops_when_every_sentence_has_ended():
 
 
 def test_beam_size_one_equals_greedy():
-    vocab_size, max_length, batch_size = 6, 8, 6
+    vocab_size, max_decode_length, batch_size = 6, 8, 6
     for seed in range(3):
-        step_fn = TableStep(seed, vocab_size, max_length, scale=1.0)
+        step_fn = TableStep(seed, vocab_size, max_decode_length, scale=1.0)
         state = step_fn.initial_state(batch_size)
         caps = tf.constant([8, 3, 5, 8, 1, 6])
         greedy_ids, greedy_scores = tf.function(decoding.greedy_search)(
-            step_fn, state, batch_size=batch_size, max_length=max_length, max_lengths=caps)
+            step_fn, state, batch_size=batch_size, max_decode_length=max_decode_length, length_caps=caps)
         beam_ids, beam_scores = tf.function(decoding.beam_search)(
-            step_fn, state, batch_size=batch_size, beam_size=1, max_length=max_length, alpha=0.0,
-            max_lengths=caps)
+            step_fn, state, batch_size=batch_size, beam_size=1, max_decode_length=max_decode_length, alpha=0.0,
+            length_caps=caps)
         np.testing.assert_array_equal(beam_ids[:, 0], greedy_ids)
         np.testing.assert_array_equal(beam_scores[:, 0], greedy_scores)
 
 
 def test_beam_matches_numpy_reference_beam_search():
     """Pruning included: a small beam over a larger vocabulary, per-sentence caps, n-best."""
-    vocab_size, max_length, batch_size, beam_size = 8, 7, 4, 3
+    vocab_size, max_decode_length, batch_size, beam_size = 8, 7, 4, 3
     caps = [7, 4, 6, 2]
     search = tf.function(decoding.beam_search)
     for seed in range(3):
-        step_fn = TableStep(seed, vocab_size, max_length, scale=1.0)
+        step_fn = TableStep(seed, vocab_size, max_decode_length, scale=1.0)
         ids, scores = search(step_fn, step_fn.initial_state(batch_size), batch_size=batch_size,
-                             beam_size=beam_size, max_length=max_length, alpha=0.6,
-                             max_lengths=tf.constant(caps), num_hypotheses=beam_size)
+                             beam_size=beam_size, max_decode_length=max_decode_length, alpha=0.6,
+                             length_caps=tf.constant(caps), num_hypotheses=beam_size)
         for sentence, cap in enumerate(caps):
             expected = reference_beam_search(step_fn, sentence, vocab_size, beam_size, cap, 0.6)
-            assert ids[sentence].numpy().tolist() == [padded(t, max_length) for _, t in expected]
+            assert ids[sentence].numpy().tolist() == [padded(t, max_decode_length) for _, t in expected]
             np.testing.assert_allclose(scores[sentence], [s for s, _ in expected], rtol=1e-5)
 
 
@@ -245,20 +245,20 @@ def test_beam_model_score_at_least_greedy():
     """With alpha 0, beam 4 scores at least as well as greedy, except where the greedy path
     falls out of the beam: beam search is not monotone in the beam size, and the numpy reference
     reproduces every such case (one of these 24 sentences)."""
-    vocab_size, max_length, batch_size = 8, 7, 8
+    vocab_size, max_decode_length, batch_size = 8, 7, 8
     beam_total = greedy_total = 0.0
     for seed in range(3):
-        step_fn = TableStep(seed, vocab_size, max_length, scale=1.0)
+        step_fn = TableStep(seed, vocab_size, max_decode_length, scale=1.0)
         state = step_fn.initial_state(batch_size)
         _, greedy_scores = tf.function(decoding.greedy_search)(
-            step_fn, state, batch_size=batch_size, max_length=max_length)
+            step_fn, state, batch_size=batch_size, max_decode_length=max_decode_length)
         beam_ids, beam_scores = tf.function(decoding.beam_search)(
-            step_fn, state, batch_size=batch_size, beam_size=4, max_length=max_length, alpha=0.0)
+            step_fn, state, batch_size=batch_size, beam_size=4, max_decode_length=max_decode_length, alpha=0.0)
         for sentence in range(batch_size):
             beam_log_prob = step_fn.sequence_log_prob(sentence, strip(beam_ids[sentence, 0]))
             np.testing.assert_allclose(beam_scores[sentence, 0], beam_log_prob, rtol=1e-5)
             if beam_log_prob < greedy_scores[sentence] - 1e-5:
-                reference = reference_beam_search(step_fn, sentence, vocab_size, 4, max_length, 0.0)
+                reference = reference_beam_search(step_fn, sentence, vocab_size, 4, max_decode_length, 0.0)
                 assert strip(beam_ids[sentence, 0]) == reference[0][1]
                 assert reference[0][0] < greedy_scores[sentence]
         beam_total += float(tf.reduce_sum(beam_scores[:, 0]))
@@ -268,29 +268,29 @@ def test_beam_model_score_at_least_greedy():
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_large_beam_equals_exhaustive_search(alpha):
-    vocab_size, max_length, batch_size, num_hypotheses = 4, 4, 3, 5
+    vocab_size, max_decode_length, batch_size, num_hypotheses = 4, 4, 3, 5
     caps = [4, 2, 3]
     search = tf.function(decoding.beam_search)
     for seed in range(3):
-        step_fn = TableStep(seed, vocab_size, max_length)
+        step_fn = TableStep(seed, vocab_size, max_decode_length)
         # 64 >= every candidate count (4 * 3 ** 2) before the last step: nothing is pruned.
         ids, scores = search(step_fn, step_fn.initial_state(batch_size), batch_size=batch_size,
-                             beam_size=64, max_length=max_length, alpha=alpha,
-                             max_lengths=tf.constant(caps), num_hypotheses=num_hypotheses)
+                             beam_size=64, max_decode_length=max_decode_length, alpha=alpha,
+                             length_caps=tf.constant(caps), num_hypotheses=num_hypotheses)
         for sentence, cap in enumerate(caps):
             expected = exhaustive_search(step_fn, sentence, vocab_size, cap, alpha)[:num_hypotheses]
-            assert ids[sentence].numpy().tolist() == [padded(t, max_length) for _, t in expected]
+            assert ids[sentence].numpy().tolist() == [padded(t, max_decode_length) for _, t in expected]
             np.testing.assert_allclose(scores[sentence], [s for s, _ in expected], rtol=1e-5)
 
 
 def test_beam_scores_match_rescored_ids():
     """Normalized scores equal numpy's log P / lp of the returned ids: the state was reordered
     along with the hypotheses (the step function's logits depend on the prefix it carries)."""
-    vocab_size, max_length, batch_size, beam_size = 9, 10, 4, 4
-    step_fn = TableStep(5, vocab_size, max_length, scale=1.0)
+    vocab_size, max_decode_length, batch_size, beam_size = 9, 10, 4, 4
+    step_fn = TableStep(5, vocab_size, max_decode_length, scale=1.0)
     ids, scores = tf.function(decoding.beam_search)(
         step_fn, step_fn.initial_state(batch_size), batch_size=batch_size, beam_size=beam_size,
-        max_length=max_length, alpha=0.6, num_hypotheses=beam_size)
+        max_decode_length=max_decode_length, alpha=0.6, num_hypotheses=beam_size)
     lengths = set()
     for sentence in range(batch_size):
         for hypothesis in range(beam_size):
@@ -302,23 +302,23 @@ def test_beam_scores_match_rescored_ids():
 
 
 def test_beam_n_best_sorted_and_distinct():
-    vocab_size, max_length, batch_size, beam_size = 7, 6, 3, 5
-    step_fn = TableStep(3, vocab_size, max_length, scale=1.0)
+    vocab_size, max_decode_length, batch_size, beam_size = 7, 6, 3, 5
+    step_fn = TableStep(3, vocab_size, max_decode_length, scale=1.0)
     ids, scores = tf.function(decoding.beam_search)(
         step_fn, step_fn.initial_state(batch_size), batch_size=batch_size, beam_size=beam_size,
-        max_length=max_length, num_hypotheses=3)
-    assert ids.shape == (batch_size, 3, max_length) and scores.shape == (batch_size, 3)
+        max_decode_length=max_decode_length, num_hypotheses=3)
+    assert ids.shape == (batch_size, 3, max_decode_length) and scores.shape == (batch_size, 3)
     for sentence in range(batch_size):
         assert np.all(np.diff(scores[sentence]) <= 0)
         assert len({tuple(h) for h in ids[sentence].numpy()}) == 3
         for hypothesis in ids[sentence].numpy():  # padding only after END
             tokens = strip(hypothesis)
-            assert list(hypothesis) == padded(tokens, max_length)
+            assert list(hypothesis) == padded(tokens, max_decode_length)
 
 
 def test_beam_stops_early_when_no_hypothesis_can_improve():
-    """END is almost certain from step 1 on: the search ends long before max_length."""
-    vocab_size, max_length = 5, 40
+    """END is almost certain from step 1 on: the search ends long before max_decode_length."""
+    vocab_size, max_decode_length = 5, 40
     calls = tf.Variable(0)
 
     def step_fn(ids, step, state):
@@ -327,7 +327,7 @@ def test_beam_stops_early_when_no_hypothesis_can_improve():
         return tf.tile([[0.0, 0.0, end_logit, 1.0, 0.5]], [tf.shape(ids)[0], 1]), state
 
     ids, scores = tf.function(decoding.beam_search)(step_fn, {}, batch_size=2, beam_size=3,
-                                                    max_length=max_length, num_hypotheses=3)
+                                                    max_decode_length=max_decode_length, num_hypotheses=3)
     assert int(calls.numpy()) == 2
     np.testing.assert_array_equal(ids[0, :, :2], [[3, END], [4, END], [0, END]])
 
@@ -337,7 +337,7 @@ def test_beam_n_best_beyond_possible_sequences_are_empty():
     def step_fn(ids, step, state):
         return tf.zeros([tf.shape(ids)[0], 3]), state
 
-    ids, scores = decoding.beam_search(step_fn, {}, batch_size=2, beam_size=4, max_length=1, alpha=0.0,
+    ids, scores = decoding.beam_search(step_fn, {}, batch_size=2, beam_size=4, max_decode_length=1, alpha=0.0,
                                        num_hypotheses=4)
     np.testing.assert_allclose(scores[:, :3], np.full([2, 3], -np.log(3.0)), rtol=1e-6)
     np.testing.assert_array_equal(scores[:, 3], [decoding.NEG_INF] * 2)
@@ -346,8 +346,8 @@ def test_beam_n_best_beyond_possible_sequences_are_empty():
 
 def test_step_function_may_capture_tiled_invariants():
     """Capturing `tile_beams(sentence)` equals carrying `sentence` in the reordered state."""
-    vocab_size, max_length, batch_size, beam_size = 6, 5, 3, 3
-    step_fn = TableStep(4, vocab_size, max_length, scale=1.0)
+    vocab_size, max_decode_length, batch_size, beam_size = 6, 5, 3, 3
+    step_fn = TableStep(4, vocab_size, max_decode_length, scale=1.0)
     state = step_fn.initial_state(batch_size)
     sentence = decoding.tile_beams(state["sentence"], beam_size)  # [batch * beam]
 
@@ -356,7 +356,7 @@ def test_step_function_may_capture_tiled_invariants():
         return logits, {"history": state["history"]}
 
     search = tf.function(decoding.beam_search)
-    kwargs = dict(batch_size=batch_size, beam_size=beam_size, max_length=max_length,
+    kwargs = dict(batch_size=batch_size, beam_size=beam_size, max_decode_length=max_decode_length,
                   num_hypotheses=beam_size)
     expected_ids, expected_scores = search(step_fn, state, **kwargs)
     ids, scores = search(captured_step, {"history": state["history"]}, **kwargs)
@@ -368,13 +368,13 @@ def test_step_function_may_capture_tiled_invariants():
 def test_growing_state_equals_fixed_state(search):
     """A state that grows by one column per step (with shape invariants, as the decoder's
     growing caches do) gives what the same prefix kept in a fixed-length buffer gives."""
-    vocab_size, max_length, batch_size = 6, 5, 3
-    step_fn = TableStep(7, vocab_size, max_length)
+    vocab_size, max_decode_length, batch_size = 6, 5, 3
+    step_fn = TableStep(7, vocab_size, max_decode_length)
     fixed_state = step_fn.initial_state(batch_size)
 
     def growing_step(ids, step, state):
         history = state["history"]  # [batch, step]: the tokens fed before this step
-        padded = tf.pad(history, [[0, 0], [0, max_length - step]])
+        padded = tf.pad(history, [[0, 0], [0, max_decode_length - step]])
         logits, _ = step_fn(ids, step, {"history": padded, "sentence": state["sentence"]})
         return logits, {"history": tf.concat([history, ids[:, None]], axis=1),
                         "sentence": state["sentence"]}
@@ -384,10 +384,10 @@ def test_growing_state_equals_fixed_state(search):
     invariants = {"history": tf.TensorShape([None, None]), "sentence": tf.TensorShape([None])}
     if search == "greedy":
         run = tf.function(functools.partial(decoding.greedy_search, batch_size=batch_size,
-                                            max_length=max_length))
+                                            max_decode_length=max_decode_length))
     else:
         run = tf.function(functools.partial(decoding.beam_search, batch_size=batch_size,
-                                            beam_size=3, max_length=max_length, num_hypotheses=3))
+                                            beam_size=3, max_decode_length=max_decode_length, num_hypotheses=3))
     expected_ids, expected_scores = run(step_fn, fixed_state)
     ids, scores = run(growing_step, growing_state, state_shape_invariants=invariants)
     np.testing.assert_array_equal(ids, expected_ids)
@@ -396,25 +396,25 @@ def test_growing_state_equals_fixed_state(search):
 
 def test_beam_argument_checks():
     with pytest.raises(ValueError, match="num_hypotheses"):
-        decoding.beam_search(None, {}, batch_size=1, beam_size=2, max_length=3, num_hypotheses=3)
+        decoding.beam_search(None, {}, batch_size=1, beam_size=2, max_decode_length=3, num_hypotheses=3)
     with pytest.raises(ValueError, match="alpha"):
-        decoding.beam_search(None, {}, batch_size=1, beam_size=2, max_length=3, alpha=-1.0)
+        decoding.beam_search(None, {}, batch_size=1, beam_size=2, max_decode_length=3, alpha=-1.0)
 
 
 # Compilation and edge cases.
 
 
 def test_jit_compile_gives_the_same_results():
-    vocab_size, max_length, batch_size = 7, 6, 3
-    step_fn = TableStep(1, vocab_size, max_length, scale=1.0)
+    vocab_size, max_decode_length, batch_size = 7, 6, 3
+    step_fn = TableStep(1, vocab_size, max_decode_length, scale=1.0)
     state = step_fn.initial_state(batch_size)
     caps = tf.constant([6, 2, 4])
 
     def search(state, caps):
         greedy = decoding.greedy_search(step_fn, state, batch_size=batch_size,
-                                        max_length=max_length, max_lengths=caps)
+                                        max_decode_length=max_decode_length, length_caps=caps)
         beam = decoding.beam_search(step_fn, state, batch_size=batch_size, beam_size=3,
-                                    max_length=max_length, max_lengths=caps, num_hypotheses=2)
+                                    max_decode_length=max_decode_length, length_caps=caps, num_hypotheses=2)
         return greedy + beam
 
     plain = tf.function(search)(state, caps)
@@ -432,10 +432,10 @@ def test_batch_size_zero():
     state = step_fn.initial_state(0)
     for jit_compile in (False, True):
         ids, scores = tf.function(decoding.greedy_search, jit_compile=jit_compile)(
-            step_fn, state, batch_size=0, max_length=4)
+            step_fn, state, batch_size=0, max_decode_length=4)
         assert ids.shape == (0, 4) and scores.shape == (0,)
         ids, scores = tf.function(decoding.beam_search, jit_compile=jit_compile)(
-            step_fn, state, batch_size=0, beam_size=3, max_length=4, num_hypotheses=2)
+            step_fn, state, batch_size=0, beam_size=3, max_decode_length=4, num_hypotheses=2)
         assert ids.shape == (0, 2, 4) and scores.shape == (0, 2)
 
 
@@ -448,11 +448,11 @@ def test_dynamic_batch_size_in_a_signature():
         batch_size = tf.shape(sentence)[0]
         state = {"history": tf.zeros([batch_size, 5], tf.int32), "sentence": sentence}
         return decoding.beam_search(step_fn, state, batch_size=batch_size, beam_size=2,
-                                    max_length=5)
+                                    max_decode_length=5)
 
     ids, scores = translate(tf.range(3))
     expected_ids, expected_scores = decoding.beam_search(
-        step_fn, step_fn.initial_state(3), batch_size=3, beam_size=2, max_length=5)
+        step_fn, step_fn.initial_state(3), batch_size=3, beam_size=2, max_decode_length=5)
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
     assert translate(tf.zeros([0], tf.int32))[0].shape == (0, 1, 5)

@@ -352,7 +352,8 @@ def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
     outputs decoded separately. Bad input is refused."""
     import json
 
-    from keras_transformer.evaluation import score, translate_texts
+    from keras_transformer.evaluation import score
+    from keras_transformer.translator import translate_texts
     from keras_transformer.translator import translator_from_run
 
     run_dir = varied_run_dir

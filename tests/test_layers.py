@@ -12,7 +12,7 @@ BATCH, SRC_LEN, TGT_LEN = 2, 7, 5
 
 LAYER_CASES = {
     "PositionalEmbedding": (layers.PositionalEmbedding,
-                            dict(vocab_size=30, d_model=D_MODEL, max_length=20)),
+                            dict(vocab_size=30, d_model=D_MODEL, max_positions=20)),
     "GlobalSelfAttention": (layers.GlobalSelfAttention, dict(d_model=D_MODEL, num_heads=HEADS)),
     "CausalSelfAttention": (layers.CausalSelfAttention, dict(d_model=D_MODEL, num_heads=HEADS)),
     "CrossAttention": (layers.CrossAttention, dict(d_model=D_MODEL, num_heads=HEADS)),
@@ -67,7 +67,7 @@ def test_positional_encoding_is_the_papers_interleaved_table():
 
 
 def test_positional_embedding_scales_by_sqrt_d_model_and_offsets_positions():
-    layer = layers.PositionalEmbedding(vocab_size=30, d_model=D_MODEL, max_length=20)
+    layer = layers.PositionalEmbedding(vocab_size=30, d_model=D_MODEL, max_positions=20)
     ids = np.array([[3, 4, 5]])
     out = layer(ids).numpy()
     table = layers.positional_encoding(20, D_MODEL)

@@ -131,7 +131,7 @@ def test_cached_decode_steps_equal_teacher_forcing(model, growing):
     full = model((source, target)).numpy()
     context, mask = model.encode(source)
     memory = model.precompute_context(context, mask)
-    state = model.init_cache(3, max_length=None if growing else 12)
+    state = model.init_cache(3, max_decode_length=None if growing else 12)
     step_fn = functools.partial(model.decode_step, growing=growing)  # eager: shapes may change
     for t in range(target.shape[1]):
         logits, state = step_fn(tf.constant(target[:, t]), tf.constant(t), state, memory)

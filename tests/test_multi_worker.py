@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from keras_transformer import training
+from keras_transformer.runs import Run
 
 
 def free_ports(count):
@@ -33,14 +33,14 @@ def test_two_workers_end_with_identical_weights(tiny_experiment, tmp_path):
             {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}))
         processes.append(subprocess.Popen(
             [sys.executable, "-m", "keras_transformer.cli", "train", "--config", str(config_path),
-             "--output", str(tmp_path / f"worker_{index}"), "--verbose", "2"],
+             "--output", str(tmp_path / f"worker_{index}"), "--progress", "2"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
     outputs = [p.communicate(timeout=400)[0] for p in processes]
     for process, output in zip(processes, outputs):
         assert process.returncode == 0, output[-3000:]
         assert "3/3" in output  # three steps ran
 
-    weights = [training.load_trained_model(tmp_path / f"worker_{i}", "last").get_weights()
+    weights = [Run(tmp_path / f"worker_{i}").load_model("last").get_weights()
                for i in range(2)]
     # The workers read different shards of the data (tf.data's DATA auto-sharding), so only
     # gradients all-reduced across the workers keep their weights equal.

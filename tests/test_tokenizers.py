@@ -10,7 +10,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from keras_transformer.config import ConfigError
-from keras_transformer.data import read_parallel_lines
+from keras_transformer.text_io import read_parallel_lines
 from keras_transformer.tokenizers import (END_ID, PAD_ID, SERVING_TF_TEXT_OPS, START_ID, UNK_ID,
                                           SentencePieceTokenizer, build_tokenizers,
                                           load_tokenizers, training_tokenizers)

@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -17,6 +16,7 @@ import tensorflow as tf
 from keras_transformer import data as data_lib
 from keras_transformer import training
 from keras_transformer.config import ConfigError, ExperimentConfig
+from keras_transformer.runs import Run
 from keras_transformer.tokenizers import load_tokenizers
 
 
@@ -40,10 +40,10 @@ def mirrored_run(tiny_experiment, tmp_path_factory):
 
 def test_mirrored_run_writes_checkpoints_config_and_logs(mirrored_run):
     run_dir, history = mirrored_run
-    assert [p.name for p in training.epoch_checkpoints(run_dir)] == [
+    assert [p.name for p in Run(run_dir).epoch_checkpoints()] == [
         "epoch_001.weights.h5", "epoch_002.weights.h5"]
     assert (run_dir / "last.weights.h5").exists() and (run_dir / "best.weights.h5").exists()
-    saved = training.load_run_config(run_dir)
+    saved = Run(run_dir).config
     assert saved.model.source_vocab_size == saved.model.target_vocab_size == 1000
     assert not (run_dir / "backup").exists()  # removed when training completes
     assert set(history.history) >= {"loss", "val_loss", "accuracy", "val_bleu", "val_chrf",
@@ -77,22 +77,22 @@ def test_tensorboard_has_loss_learning_rate_bleu_and_translations(mirrored_run):
 
 def test_average_is_the_elementwise_mean(mirrored_run):
     run_dir, _ = mirrored_run
-    averaged = training.load_trained_model(run_dir, training.average_checkpoints(run_dir, 2))
-    weights = [training.load_trained_model(run_dir, path).get_weights()
-               for path in training.epoch_checkpoints(run_dir)]
+    averaged = Run(run_dir).load_model(Run(run_dir).average(2))
+    weights = [Run(run_dir).load_model(path).get_weights()
+               for path in Run(run_dir).epoch_checkpoints()]
     for got, first, second in zip(averaged.get_weights(), *weights):
         np.testing.assert_allclose(got, (first + second) / 2, rtol=1e-6, atol=1e-7)
     assert any(not np.allclose(a, b) for a, b in zip(*weights))
     with pytest.raises(ConfigError, match="cannot average the last 3 checkpoints.*holds 2"):
-        training.average_checkpoints(run_dir, 3)
+        Run(run_dir).average(3)
     # --upper-bound: the model as it stood at epoch 1.
-    first_only = training.average_checkpoints(run_dir, 1, upper_bound=1)
+    first_only = Run(run_dir).average(1, upper_bound=1)
     assert first_only.name == "average_last1_to1.weights.h5"
-    for got, want in zip(training.load_trained_model(run_dir, first_only).get_weights(),
+    for got, want in zip(Run(run_dir).load_model(first_only).get_weights(),
                          weights[0]):
         np.testing.assert_array_equal(got, want)
     with pytest.raises(ConfigError, match="last 2 checkpoints up to epoch 1.*holds 1"):
-        training.average_checkpoints(run_dir, 2, upper_bound=1)
+        Run(run_dir).average(2, upper_bound=1)
 
 
 def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, tmp_path,
@@ -108,7 +108,7 @@ def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, 
     assert keras.config.dtype_policy().name == "float32"  # restored after training
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
-        model = training.build_model(training.load_run_config(tmp_path))
+        model = training.build_model(Run(tmp_path).config)
         assert model.compute_dtype == "bfloat16"
         logits = model((np.ones((1, 4), "int32"), np.ones((1, 3), "int32")))
         assert logits.dtype == "float32"
@@ -180,7 +180,7 @@ def test_subword_sampling_reaches_the_training_batches_only(tiny_experiment, tmp
     history = training.train(config, tmp_path, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
     assert sorted(set(seen)) == [(False, False, False), (True, True, True)]
-    assert training.load_run_config(tmp_path).data.sp_nbest_size == -1
+    assert Run(tmp_path).config.data.sp_nbest_size == -1
 
 
 def test_output_holding_another_run_is_refused_and_kept(mirrored_run, tiny_experiment):
@@ -227,7 +227,7 @@ def test_killed_run_resumes_from_its_backup(tiny_experiment, tmp_path):
     config_path = write_config(config, tmp_path / "exp.yaml")
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "keras_transformer.cli", "train", "--config",
-               str(config_path), "--output", str(run_dir), "--verbose", "2"]
+               str(config_path), "--output", str(run_dir), "--progress", "2"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     backup = run_dir / "backup" / "training_metadata.json"
@@ -259,30 +259,7 @@ def test_cli_average_writes_the_mean(mirrored_run, tmp_path, capsys):
     assert cli.main(["average", "--run", str(run_dir), "--last", "2",
                      "--output", str(output)]) == 0
     assert f"wrote the average of the last 2 checkpoints to {output}" in capsys.readouterr().out
-    expected = training.load_trained_model(run_dir, training.average_checkpoints(run_dir, 2))
-    for got, want in zip(training.load_trained_model(run_dir, output).get_weights(),
+    expected = Run(run_dir).load_model(Run(run_dir).average(2))
+    for got, want in zip(Run(run_dir).load_model(output).get_weights(),
                          expected.get_weights()):
         np.testing.assert_array_equal(got, want)
-
-
-@pytest.mark.parametrize("keep", [False, True])
-def test_validation_continues_one_iterator_across_epochs(keep):
-    """Under MirroredStrategy each evaluation of `fit` reads the same validation iterator (no
-    iterator destroyed per epoch, which stalled runs for a minute); without the workaround
-    Keras makes a new one per evaluation."""
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    x = np.arange(32, dtype="float32").reshape(16, 2)
-    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(4)
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-        model.compile(optimizer="sgd", loss="mse")
-    if keep:
-        training.keep_validation_iterator(model)
-    seen = []
-    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(
-        (model._eval_epoch_iterator._current_iterator, logs["val_loss"])))
-    model.fit(data.repeat(), steps_per_epoch=2, epochs=3, verbose=0, callbacks=[record],
-              validation_data=data.repeat(), validation_steps=4)
-    iterators = {id(iterator) for iterator, _ in seen}
-    assert len(iterators) == (1 if keep else 3)
-    assert all(np.isfinite(loss) for _, loss in seen)

@@ -37,20 +37,20 @@ def texts(tensor):
     return [t.decode("utf-8") for t in np.asarray(tensor).reshape(-1)]
 
 
-def uncached_greedy(model, source_ids, max_lengths, max_length):
+def uncached_greedy(model, source_ids, length_caps, max_decode_length):
     """The tutorial's decoding: the whole model re-run on the prefix at every step, argmax.
 
-    Returns int32 [batch, max_length] shaped like `decoding.greedy_search`'s ids.
+    Returns int32 [batch, max_decode_length] shaped like `decoding.greedy_search`'s ids.
     """
     batch = source_ids.shape[0]
     prefix = np.full([batch, 1], START_ID, np.int32)
-    output = np.full([batch, max_length], PAD_ID, np.int32)
+    output = np.full([batch, max_decode_length], PAD_ID, np.int32)
     finished = np.zeros([batch], bool)
-    for step in range(max_length):
+    for step in range(max_decode_length):
         logits = model((source_ids, prefix), training=False)[:, -1].numpy()  # [batch, vocab]
         next_ids = np.where(finished, PAD_ID, logits.argmax(-1)).astype(np.int32)
         output[:, step] = next_ids
-        finished |= (next_ids == END_ID) | (step + 1 >= max_lengths)
+        finished |= (next_ids == END_ID) | (step + 1 >= length_caps)
         if finished.all():
             break
         prefix = np.concatenate([prefix, next_ids[:, None]], axis=1)
@@ -76,10 +76,10 @@ def test_cached_greedy_equals_uncached_greedy(translator, seed):
         np.int32)
     source_ids[:, -1] = END_ID
     source_ids[1, source_len // 2:] = PAD_ID  # a padded sentence
-    max_lengths = np.array([20, 5, 12, 1], np.int32)
-    cached, _ = translator._greedy_ids(tf.constant(source_ids), tf.constant(max_lengths),
+    length_caps = np.array([20, 5, 12, 1], np.int32)
+    cached, _ = translator._greedy_ids(tf.constant(source_ids), tf.constant(length_caps),
                                        tf.constant(20))
-    expected = uncached_greedy(model, source_ids, max_lengths, 20)
+    expected = uncached_greedy(model, source_ids, length_caps, 20)
     np.testing.assert_array_equal(cached.numpy(), expected)
     assert (expected == END_ID).any(), "the random model never ends: the test lost its edge"
 
@@ -103,9 +103,9 @@ def test_beam_scores_are_model_scores_and_beat_greedy(random_translation_model):
     beam_size = 4
     search = Translator(model, tokenizer, tokenizer, DecodeConfig(beam_size=beam_size, alpha=0.0,
                                                                   max_extra_length=8))
-    source_ids, max_lengths, max_length = search._encode_inputs(tf.constant(SENTENCES))
-    greedy_ids, greedy_scores = search._greedy_ids(source_ids, max_lengths, max_length)
-    beam_ids, beam_scores = search._beam_ids(source_ids, max_lengths, max_length, beam_size)
+    source_ids, length_caps, max_decode_length = search._encode_inputs(tf.constant(SENTENCES))
+    greedy_ids, greedy_scores = search._greedy_ids(source_ids, length_caps, max_decode_length)
+    beam_ids, beam_scores = search._beam_ids(source_ids, length_caps, max_decode_length, beam_size)
     greedy_ids, beam_ids = greedy_ids.numpy(), beam_ids.numpy()  # [batch, len], [batch, k, len]
     greedy_scores, beam_scores = greedy_scores.numpy(), beam_scores.numpy()  # [batch], [batch, k]
 
@@ -143,7 +143,7 @@ def test_batch_equals_each_sentence_alone(translator, function):
 
 
 def test_bad_inputs_give_one_valid_output_each(translator):
-    model_limit = translator.model.config.max_length
+    model_limit = translator.model.config.max_positions
     for function in (translator.translate_greedy, translator.translate_beam, translator):
         result = function(tf.constant(BAD_INPUTS))
         assert result["translation"].shape == (len(BAD_INPUTS),)
@@ -155,15 +155,15 @@ def test_bad_inputs_give_one_valid_output_each(translator):
 
 
 def test_long_source_is_truncated_to_the_model_length(translator):
-    """A source longer than max_length is cut to its first max_length - 1 tokens plus END, so
+    """A source longer than max_decode_length is cut to its first max_decode_length - 1 tokens plus END, so
     sentences that share those tokens get the same translation."""
     long_a = " ".join(["Wort"] * 2000)
     long_b = " ".join(["Wort"] * 300 + ["Hund"] * 50)
-    source_ids, max_lengths, _ = translator._encode_inputs(tf.constant([long_a, long_b]))
-    limit = translator.model.config.max_length
+    source_ids, length_caps, _ = translator._encode_inputs(tf.constant([long_a, long_b]))
+    limit = translator.model.config.max_positions
     assert source_ids.shape == (2, limit)
     assert (source_ids[:, -1].numpy() == END_ID).all()
-    assert (max_lengths.numpy() == limit).all()
+    assert (length_caps.numpy() == limit).all()
     result = translator.translate_greedy(tf.constant([long_a, long_b]))
     assert texts(result["translation"])[0] == texts(result["translation"])[1]
 
@@ -180,8 +180,8 @@ def test_empty_batch_gives_empty_outputs(translator):
 def test_output_length_is_capped_by_source_length(random_translation_model):
     model, tokenizer = random_translation_model
     short = Translator(model, tokenizer, tokenizer, DecodeConfig(max_extra_length=1))
-    source_ids, max_lengths, max_length = short._encode_inputs(tf.constant(["Hallo", "Ein Hund."]))
-    ids, _ = short._greedy_ids(source_ids, max_lengths, max_length)
+    source_ids, length_caps, max_decode_length = short._encode_inputs(tf.constant(["Hallo", "Ein Hund."]))
+    ids, _ = short._greedy_ids(source_ids, length_caps, max_decode_length)
     source_lengths = (source_ids.numpy() != PAD_ID).sum(axis=1)
     generated = (ids.numpy() != PAD_ID).sum(axis=1)
     assert (generated <= source_lengths + 1).all() and ids.shape[1] == max(source_lengths) + 1

@@ -6,6 +6,8 @@ Padding is always masked with an explicit `attention_mask`, never with Keras' im
 use, so cross-attention in every decoder layer but the first would attend to source padding.
 """
 
+import math
+
 import keras
 import tensorflow as tf
 from keras import ops
@@ -28,8 +30,8 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         """`[batch, length, d_model]` -> key and value, each head-major
         `[batch, heads, length, head_dim]`: the layout the attention matmuls read, so a cache
         is never transposed again at each step (Keras' einsums would copy it every time)."""
-        return (tf.transpose(self._key_dense(x), [0, 2, 1, 3]),
-                tf.transpose(self._value_dense(x), [0, 2, 1, 3]))
+        return (tf.transpose(self.key_dense(x), [0, 2, 1, 3]),
+                tf.transpose(self.value_dense(x), [0, 2, 1, 3]))
 
     def attend(self, query, key, value, attention_mask=None):
         """Attends from `query` `[batch, q_len, d_model]` to projected `key`/`value`
@@ -39,14 +41,14 @@ class CachedMultiHeadAttention(keras.layers.MultiHeadAttention):
         The arithmetic of Keras' `dot_product_attention` (scaled float32 logits, masked
         positions at the dtype's large negative, float32 softmax), as batched matmuls.
         """
-        query = tf.transpose(self._query_dense(query), [0, 2, 1, 3])  # [batch, heads, q, dim]
+        query = tf.transpose(self.query_dense(query), [0, 2, 1, 3])  # [batch, heads, q, dim]
         logits = tf.matmul(query, key, transpose_b=True)  # [batch, heads, q_len, kv_len]
-        logits = tf.cast(logits, "float32") * self._inverse_sqrt_key_dim
+        logits = tf.cast(logits, "float32") * (1.0 / math.sqrt(float(self.key_dim)))
         if attention_mask is not None:
             logits = tf.where(attention_mask[:, None], logits, _LARGE_NEGATIVE)
         probs = tf.cast(tf.nn.softmax(logits), value.dtype)
         output = tf.transpose(tf.matmul(probs, value), [0, 2, 1, 3])  # [batch, q_len, heads, dim]
-        return self._output_dense(output)
+        return self.output_dense(output)
 
 
 # What keras.ops.dot_product_attention fills masked float32 logits with.

@@ -57,11 +57,11 @@ class DecoderLayer(keras.layers.Layer):
         key, value = self.cross_attention.mha.project_key_value(context)
         return {"key": key, "value": value}
 
-    def init_cache(self, batch_size, max_length, dtype):
-        """Zero self-attention caches `{"key", "value"}`, each `[batch, heads, max_length,
-        head_dim]`, written one position per decoding step (`max_length` 0: a growing cache,
+    def init_cache(self, batch_size, max_decode_length, dtype):
+        """Zero self-attention caches `{"key", "value"}`, each `[batch, heads, max_decode_length,
+        head_dim]`, written one position per decoding step (`max_decode_length` 0: a growing cache,
         see `CausalSelfAttention.step`)."""
-        shape = [batch_size, self.num_heads, max_length, self.d_model // self.num_heads]
+        shape = [batch_size, self.num_heads, max_decode_length, self.d_model // self.num_heads]
         zeros = tf.zeros(shape, dtype=dtype)
         return {"key": zeros, "value": zeros}
 
@@ -136,9 +136,9 @@ class Decoder(LayerStack):
         """Per layer, the cross-attention keys/values of `context` (see `DecoderLayer`)."""
         return [layer.precompute_context(context) for layer in self.stack]
 
-    def init_cache(self, batch_size, max_length, dtype):
+    def init_cache(self, batch_size, max_decode_length, dtype):
         """Per layer, zero self-attention caches (see `DecoderLayer.init_cache`)."""
-        return [layer.init_cache(batch_size, max_length, dtype) for layer in self.stack]
+        return [layer.init_cache(batch_size, max_decode_length, dtype) for layer in self.stack]
 
     def step(self, x, index, caches, contexts, context_mask, growing=False):
         """Decodes position `index`: `x` `[batch, 1, d_model]` -> `([batch, 1, d_model], caches)`."""

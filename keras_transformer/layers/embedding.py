@@ -35,7 +35,7 @@ class PositionalEmbedding(keras.layers.Layer):
     Args:
         vocab_size: number of token ids.
         d_model: embedding width.
-        max_length: longest sequence the positional table covers.
+        max_positions: longest sequence the positional table covers.
         dropout: rate applied to the sum of embeddings and positions.
 
     Call arguments:
@@ -48,11 +48,11 @@ class PositionalEmbedding(keras.layers.Layer):
         `[batch, length, d_model]` in the layer's compute dtype.
     """
 
-    def __init__(self, *, vocab_size, d_model, max_length, dropout=0.1, **kwargs):
+    def __init__(self, *, vocab_size, d_model, max_positions, dropout=0.1, **kwargs):
         super().__init__(**kwargs)
         self.vocab_size = vocab_size
         self.d_model = d_model
-        self.max_length = max_length
+        self.max_positions = max_positions
         self.dropout = dropout
         self.token_embedding = keras.layers.Embedding(
             vocab_size,
@@ -62,7 +62,7 @@ class PositionalEmbedding(keras.layers.Layer):
             name="token_embedding",
         )
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
-        self.positions = positional_encoding(max_length, d_model)
+        self.positions = positional_encoding(max_positions, d_model)
 
     def build(self, input_shape):
         self.token_embedding.build(input_shape)
@@ -93,5 +93,5 @@ class PositionalEmbedding(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(vocab_size=self.vocab_size, d_model=self.d_model,
-                      max_length=self.max_length, dropout=self.dropout)
+                      max_positions=self.max_positions, dropout=self.dropout)
         return config

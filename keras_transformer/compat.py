@@ -1,0 +1,118 @@
+"""Every workaround of a Keras / TensorFlow bug that needs a private API, in one place.
+
+Each workaround names the upstream report, states the Keras versions it was written and tested
+for (`TESTED_KERAS`), and checks that the private attribute it needs still exists before it
+touches it: a renamed attribute raises `CompatError` instead of making the patch silently do
+nothing. `tests/test_compat.py` checks every private attribute used here on the installed
+Keras, so an upgrade fails loudly in CI. setup.cfg bounds keras to `TESTED_KERAS`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import keras
+import tensorflow as tf
+
+TESTED_KERAS = ((3, 15), (3, 15))  # oldest and newest minor version the workarounds are tested on
+
+
+class CompatError(RuntimeError):
+    """A private Keras attribute that a workaround needs is missing (an untested Keras version)."""
+
+
+def keras_version() -> tuple[int, int]:
+    major, minor = keras.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def check_keras_version() -> None:
+    """Raises CompatError outside `TESTED_KERAS`: the workarounds below may not apply there."""
+    low, high = TESTED_KERAS
+    if not low <= keras_version() <= high:
+        raise CompatError(
+            f"keras {keras.__version__} is outside the versions keras_transformer.compat was "
+            f"tested with ({low[0]}.{low[1]} to {high[0]}.{high[1]}); install keras "
+            f"{high[0]}.{high[1]}.* or update keras_transformer/compat.py and its tests")
+
+
+def _require(owner, attribute: str, workaround: str):
+    """`getattr(owner, attribute)`, or CompatError naming the workaround that needs it."""
+    if not hasattr(owner, attribute):
+        name = owner.__name__ if isinstance(owner, type) else type(owner).__name__
+        raise CompatError(f"keras {keras.__version__}: {name}.{attribute} is gone, so "
+                          f"keras_transformer.compat.{workaround} cannot work; see its docstring")
+    return getattr(owner, attribute)
+
+
+def skip_symbolic_build(model: keras.Model) -> None:
+    """Stops Keras 3.15 from re-building a built model from a distributed batch in every
+    `fit` and `evaluate` (so once per epoch for the validation data).
+
+    Under any distribution strategy `Trainer._maybe_symbolic_build` opens an iterator over the
+    data, takes one distributed batch, reduces it across replicas and abandons the iterator,
+    whose pending reads are then cancelled ("Local rendezvous is aborting ...
+    GetNextFromShard was cancelled"). Under MirroredStrategy on 2 CPU devices this hung a
+    Multi30k run at the start of epoch 11's validation; under MultiWorkerMirroredStrategy it
+    fails outright ("Attempt to convert a value (PerReplica...)"; related upstream report:
+    keras-team/keras#21069). Call it after the model, loss, metrics and optimizer are built
+    (`training.build_compiled_state`): there is nothing left to build.
+    """
+    _require(model, "_maybe_symbolic_build", "skip_symbolic_build")
+    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
+
+
+def keep_validation_iterator(model: keras.Model) -> None:
+    """Makes `fit` read validation from one iterator for the whole run.
+
+    Keras 3.15's `evaluate` resets its cached validation iterator at every call, dropping the
+    distributed iterator of the previous evaluation (by design: keras-team/keras#17399 was
+    declined). Destroying it cancels its pending reads, and under MirroredStrategy on 2 CPU
+    devices the trainer then sat idle for about 60 s at the start of most validations. Training
+    validates on a repeated stream with `validation_steps` = one pass, so the next evaluation
+    can continue the same iterator: reset here forgets the step count and keeps the iterator.
+    """
+    evaluate = model.evaluate
+
+    def evaluate_on_kept_iterator(*args, **kwargs):
+        epoch_iterator = getattr(model, "_eval_epoch_iterator", None)
+        if kwargs.get("_use_cached_eval_dataset") and epoch_iterator is not None:
+            for attribute in ("_steps_seen", "_epoch_iterator"):
+                _require(epoch_iterator, attribute, "keep_validation_iterator")
+            epoch_iterator.reset = functools.partial(_reset_keeping_iterator, epoch_iterator)
+        return evaluate(*args, **kwargs)
+
+    model.evaluate = evaluate_on_kept_iterator
+
+
+def _reset_keeping_iterator(epoch_iterator) -> None:
+    epoch_iterator._steps_seen = 0
+    epoch_iterator._epoch_iterator = None
+
+
+def apply_multi_worker_workarounds(model: keras.Model) -> None:
+    """Works around a Keras 3.15 bug of `fit` under MultiWorkerMirroredStrategy.
+
+    The trainer averages each step's logs across workers with `strategy.reduce("MEAN", v,
+    axis=0)`, which fails on scalars ("Invalid reduction dimension 0 for input with 0
+    dimensions", tensorflow/tensorflow#72388): the steps return 1-element vectors instead,
+    which that reduction turns back into scalars. Public API only; kept here because it exists
+    for a Keras bug and goes with it.
+    """
+    train_step, test_step = model.train_step, model.test_step
+
+    def as_vectors(logs):
+        return {name: tf.reshape(value, [1]) for name, value in logs.items()}
+
+    model.train_step = lambda data: as_vectors(train_step(data))
+    model.test_step = lambda data: as_vectors(test_step(data))
+
+
+def loss_tracker(model: keras.Model) -> keras.metrics.Mean:
+    """The `Mean` metric behind the reported `loss` (Keras 3.15's `Trainer._loss_tracker`).
+
+    `Transformer.train_step`/`test_step` weight its updates by target tokens instead of
+    sentences; no public API reaches the tracker that `fit` and `evaluate` report as `loss`.
+    """
+    return _require(model, "_loss_tracker", "loss_tracker")
+

@@ -1,0 +1,198 @@
+"""Export: a `Translator` as a SavedModel in `saved_models/NAME/VERSION/` for TF Serving.
+
+    export_run("runs/NAME", "saved_models/NAME")  # -> saved_models/NAME/1 (the next version)
+    translator = load_translator("saved_models/NAME/1")
+    translator.signatures["serving_default"](source=tf.constant(["Ein Hund."]))
+
+The exported signatures are listed in `keras_transformer.translator`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import keras
+import tensorflow as tf
+
+from keras_transformer.config import ConfigError
+from keras_transformer.model import Transformer
+from keras_transformer.runs import Run
+from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, Translator,
+                                          translator_from_run)
+
+WARMUP_FILE = "tf_serving_warmup_requests"  # in assets.extra/, replayed by TF Serving on load
+PROVENANCE_FILE = "keras_transformer.json"  # in assets.extra/ (SavedModel) or the folder itself
+WARMUP_SENTENCES = ("Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "")
+
+
+def uncompiled_copy(model: Transformer) -> Transformer:
+    """A fresh, never-compiled `Transformer` with `model`'s config and weights.
+
+    A compiled model tracks its optimizer, whose slot variables would be exported too (3x the
+    size, and useless for serving).
+    """
+    copy = Transformer.from_config(model.get_config())
+    copy.build()
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
+                      warmup_sentences: Sequence[str] | None = WARMUP_SENTENCES,
+                      provenance: dict | None = None) -> Path:
+    """Writes `translator` as a SavedModel at `export_dir` (which must not exist).
+
+    The SavedModel holds the signatures listed in the module docstring, the tokenizer files as
+    assets, and, when `tensorflow_serving_api` is importable and `warmup_sentences` is not None,
+    a TF Serving warmup file (one request per signature), and `assets.extra/keras_transformer.json`:
+    `provenance(translator)` updated with `provenance` (what `keras-transformer info --model`
+    prints). It is written to a hidden sibling folder
+    and renamed at the end, so that TF Serving, which watches the parent folder, never sees a
+    half-written version. A compiled model is exported from an `uncompiled_copy`.
+
+    Returns:
+        the export folder.
+    """
+    export_dir = Path(export_dir)
+    if export_dir.exists():
+        raise FileExistsError(f"{export_dir} already exists: choose another version")
+    if getattr(translator.model, "optimizer", None) is not None:
+        translator = Translator(uncompiled_copy(translator.model), translator.source_tokenizer,
+                                translator.target_tokenizer, translator.decode_config,
+                                jit_compile=translator.jit_compile)
+    partial = export_dir.with_name(f".{export_dir.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    export_dir.parent.mkdir(parents=True, exist_ok=True)
+    tf.saved_model.save(translator, str(partial), signatures=translator.signatures())
+    if warmup_sentences is not None:
+        write_warmup_requests(partial, warmup_sentences, model_name=export_dir.parent.name)
+    record = {**translator_provenance(translator), "format": "savedmodel", **(provenance or {})}
+    write_provenance(partial / "assets.extra", record)
+    os.replace(partial, export_dir)
+    return export_dir
+
+
+def translator_provenance(translator: Translator) -> dict:
+    """What a serving team or a converter needs to know about an export without reading code:
+    model config, tokenizer and vocabulary, source markers, search settings and length rule,
+    package versions."""
+    import keras_transformer
+
+    decode = translator.decode_config
+    tokenizer = translator.source_tokenizer
+    return {
+        "model": dict(translator.model.get_config()["config"]),
+        "tokenizer": type(tokenizer).__name__,
+        "vocabulary_size": {"source": translator.source_tokenizer.vocab_size,
+                            "target": translator.target_tokenizer.vocab_size},
+        "source_markers": "START (id 1) and END (id 2) around every source",
+        "reserved_ids": {"pad": 0, "start": 1, "end": 2, "unk": 3},
+        "search": {"serving_default": f"beam search, beam {decode.beam_size}",
+                   "beam_size": decode.beam_size, "alpha": decode.alpha,
+                   "length_penalty": "((5 + |Y|) / 6) ** alpha, |Y| counting END (GNMT)",
+                   "stopping": translator.stopping_rule},
+        "length_rule": (f"output <= source tokens (with START/END) + {decode.max_extra_length}, "
+                        f"capped at {translator.model.config.max_positions} positions; sources "
+                        f"truncated to {translator.max_source_length} tokens (END kept)"),
+        "versions": {"keras_transformer": keras_transformer.__version__,
+                     "tensorflow": tf.__version__, "keras": keras.__version__},
+    }
+
+
+def run_provenance(run_dir: str | os.PathLike, weights: str = "best") -> dict:
+    """The run and weight file an export came from, with the file's SHA-256."""
+    path = Run(run_dir).weights_path(weights)
+    return {"run": str(Path(run_dir)), "weights": weights, "weights_file": str(path),
+            "weights_sha256": file_sha256(path)}
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_provenance(folder: str | os.PathLike, record: dict) -> Path:
+    path = Path(folder) / PROVENANCE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
+    return path
+
+
+def read_provenance(export_dir: str | os.PathLike) -> dict:
+    """The provenance record of a SavedModel or CTranslate2 export; FileNotFoundError naming
+    the folder if it has none."""
+    export_dir = Path(export_dir)
+    for path in (export_dir / "assets.extra" / PROVENANCE_FILE, export_dir / PROVENANCE_FILE):
+        if path.is_file():
+            return json.loads(path.read_text())
+    raise FileNotFoundError(f"{export_dir}: no {PROVENANCE_FILE} (not an export of "
+                            "keras-transformer, or one made before it recorded provenance)")
+
+
+def write_warmup_requests(export_dir: str | os.PathLike, sentences: Sequence[str], *,
+                          model_name: str = "translator") -> Path | None:
+    """Writes `assets.extra/tf_serving_warmup_requests`: one PredictRequest per signature.
+
+    TF Serving replays these before it serves a version, so the first real request does not pay
+    for loading the tokenizers and (with XLA) compiling. Returns None, writing nothing, when
+    tensorflow-serving-api is not installed (an optional extra).
+    """
+    try:
+        from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+    except ImportError:
+        return None
+    path = Path(export_dir) / "assets.extra" / WARMUP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for signature in SIGNATURES:
+            request = predict_pb2.PredictRequest(
+                model_spec=model_pb2.ModelSpec(name=model_name, signature_name=signature))
+            request.inputs[SIGNATURE_INPUT].CopyFrom(
+                tf.make_tensor_proto(list(sentences), dtype=tf.string))
+            log = prediction_log_pb2.PredictionLog(
+                predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+    return path
+
+
+def next_version(model_root: str | os.PathLike) -> int:
+    """1 + the highest numbered version folder in `model_root` (1 if there is none)."""
+    root = Path(model_root)
+    versions = [int(p.name) for p in root.iterdir() if p.is_dir() and p.name.isdigit()] if (
+        root.is_dir()) else []
+    return max(versions, default=0) + 1
+
+
+def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
+               version: int | None = None, **translator_args) -> Path:
+    """Exports a training run to `model_root/<version>/` (default: the next free version).
+
+    `translator_args` go to `translator_from_run` (weights, beam_size, alpha, jit_compile).
+    """
+    if version is not None and version < 1:
+        raise ConfigError(f"--version {version}: TF Serving versions are positive integers")
+    translator = translator_from_run(run_dir, **translator_args)
+    version = next_version(model_root) if version is None else version
+    return export_translator(
+        translator, Path(model_root) / str(version),
+        provenance=run_provenance(run_dir, translator_args.get("weights", "best")))
+
+
+def load_translator(export_dir: str | os.PathLike):
+    """Loads an exported translator (its signatures are `.signatures[name]`, its functions
+    `translate_greedy` etc.); registers the tf-text ops first, as every loader must."""
+    import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
+
+    export_dir = Path(export_dir)
+    if not (export_dir / "saved_model.pb").is_file():
+        raise FileNotFoundError(f"{export_dir} is not a SavedModel (no saved_model.pb): pass a "
+                                "version folder such as saved_models/NAME/1")
+    return tf.saved_model.load(str(export_dir))

@@ -1,0 +1,106 @@
+"""Reading and writing line-aligned text files, plain or gzipped, with errors naming file and line.
+
+The data pipeline reads training files strictly (`read_lines`: bytes that are not UTF-8 are a
+`DataError`); the translation commands read what a user gives them leniently
+(`read_user_lines`: bad bytes become U+FFFD with a warning naming the line), so that one bad
+line never costs the others their translations.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import BinaryIO, Iterator, Mapping, Sequence
+
+
+class DataError(ValueError):
+    """Bad input data; the message names the file (and line) and the offending value."""
+
+
+class InvalidUtf8Warning(UserWarning):
+    """A line of user input held bytes that are not UTF-8; they were replaced by U+FFFD."""
+
+
+def open_binary(path: str | os.PathLike) -> BinaryIO:
+    """Opens a plain or gzip file (detected by its magic bytes, not its name) for reading bytes."""
+    with open(path, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+
+
+def read_lines(path: str | os.PathLike) -> Iterator[str]:
+    """Yields the lines of a plain or gzip `path` without their line ending; DataError naming
+    the file and line on bytes that are not UTF-8."""
+    with open_binary(Path(path)) as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                yield raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as error:
+                raise DataError(
+                    f"{path}:{number}: not valid UTF-8 ({error.reason} at byte {error.start}): "
+                    f"{raw[:80]!r}") from None
+
+
+def decode_user_lines(stream: BinaryIO, name: str) -> list[str]:
+    """The lines of a byte stream, each decoded on its own: line endings (LF or CRLF) removed,
+    bytes that are not UTF-8 replaced by U+FFFD with an `InvalidUtf8Warning` naming `name` and
+    the line. Every input line gives exactly one output line, empty lines included."""
+    lines = []
+    for number, raw in enumerate(stream, start=1):
+        raw = raw.rstrip(b"\n").rstrip(b"\r")
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            warnings.warn(f"{name}:{number}: not valid UTF-8 ({error.reason} at byte "
+                          f"{error.start}); replaced by U+FFFD", InvalidUtf8Warning, stacklevel=2)
+            lines.append(raw.decode("utf-8", errors="replace"))
+    return lines
+
+
+def read_user_lines(path: str | os.PathLike | None) -> list[str]:
+    """`decode_user_lines` of a plain or gzip file, or of standard input when `path` is None or
+    "-"; DataError if the file does not exist."""
+    if path is None or str(path) == "-":
+        return decode_user_lines(sys.stdin.buffer, "<stdin>")
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: no such file")
+    with open_binary(path) as f:
+        return decode_user_lines(f, str(path))
+
+
+def read_parallel_lines(paths: Mapping[str, str | os.PathLike]) -> Iterator[tuple[int, dict]]:
+    """Reads line-aligned files together: yields (line_number, {key: line}) from 1.
+
+    Raises DataError for a missing or empty file, bytes that are not UTF-8 (naming file and line),
+    or files with different line counts (naming every file and its count).
+    """
+    paths = {key: Path(path) for key, path in paths.items()}
+    for path in paths.values():
+        if not path.is_file():
+            raise DataError(f"{path}: file not found")
+    readers = {key: read_lines(path) for key, path in paths.items()}
+    number = 0
+    while True:
+        lines = {key: next(reader, None) for key, reader in readers.items()}
+        if all(line is None for line in lines.values()):
+            break
+        if any(line is None for line in lines.values()):
+            counts = {key: number + (line is not None) + sum(1 for _ in readers[key])
+                      for key, line in lines.items()}
+            listing = ", ".join(f"{paths[key]} has {count} lines" for key, count in counts.items())
+            raise DataError(f"line-aligned files have different line counts: {listing}")
+        number += 1
+        yield number, lines
+    if number == 0:
+        raise DataError(f"{', '.join(map(str, paths.values()))}: empty file(s), no lines")
+
+
+def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> None:
+    """Writes one line per item (newlines inside an item become spaces), UTF-8."""
+    with io.open(path, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(line.replace("\n", " ") + "\n")
