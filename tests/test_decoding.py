@@ -89,7 +89,7 @@ def exhaustive_search(step_fn, sentence, vocab_size, cap, alpha):
     return sorted(results, key=lambda r: -r[0])
 
 
-def reference_beam_search(step_fn, sentence, vocab_size, beam_size, cap, alpha):
+def reference_beam_search(step_fn, sentence, vocab_size, beam_size, cap, alpha, stopping="exact"):
     """The beam search `decoding.beam_search` documents, written plainly in numpy."""
     alive, finished = [(0.0, [START])], []
     for _ in range(cap):
@@ -101,8 +101,8 @@ def reference_beam_search(step_fn, sentence, vocab_size, beam_size, cap, alpha):
                      for (log_p, prefix), end in zip(candidates[:beam_size], ends) if end]
         finished = sorted(finished, key=lambda f: -f[0])[:beam_size]
         alive = [c for c, end in zip(candidates, ends) if not end][:beam_size]
-        if not alive or (len(finished) == beam_size
-                         and alive[0][0] / penalty(cap, alpha) < finished[-1][0]):
+        if not alive or (len(finished) == beam_size and (
+                stopping == "beam_full" or alive[0][0] / penalty(cap, alpha) < finished[-1][0])):
             break
     return finished
 
@@ -239,6 +239,30 @@ def test_beam_matches_numpy_reference_beam_search():
             expected = reference_beam_search(step_fn, sentence, vocab_size, beam_size, cap, 0.6)
             assert ids[sentence].numpy().tolist() == [padded(t, max_decode_length) for _, t in expected]
             np.testing.assert_allclose(scores[sentence], [s for s, _ in expected], rtol=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.6, 1.4])
+def test_beam_full_stopping_matches_numpy_reference(alpha):
+    """fairseq's and CTranslate2's rule: a sentence stops once beam_size hypotheses finished."""
+    vocab_size, max_decode_length, batch_size, beam_size = 8, 7, 4, 3
+    caps = [7, 4, 6, 2]
+    search = tf.function(decoding.beam_search)
+    differs = False
+    for seed in range(4):
+        step_fn = TableStep(seed, vocab_size, max_decode_length, scale=1.0)
+        kwargs = dict(batch_size=batch_size, beam_size=beam_size,
+                      max_decode_length=max_decode_length, alpha=alpha,
+                      length_caps=tf.constant(caps), num_hypotheses=beam_size)
+        ids, scores = search(step_fn, step_fn.initial_state(batch_size), stopping="beam_full",
+                             **kwargs)
+        exact_ids, _ = search(step_fn, step_fn.initial_state(batch_size), **kwargs)
+        differs |= not np.array_equal(ids, exact_ids)
+        for sentence, cap in enumerate(caps):
+            expected = reference_beam_search(step_fn, sentence, vocab_size, beam_size, cap, alpha,
+                                             stopping="beam_full")
+            assert ids[sentence].numpy().tolist() == [padded(t, max_decode_length) for _, t in expected]
+            np.testing.assert_allclose(scores[sentence], [s for s, _ in expected], rtol=1e-5)
+    assert differs, "the two rules never disagree here: the test lost its edge"
 
 
 def test_beam_model_score_at_least_greedy():
@@ -394,7 +418,106 @@ def test_growing_state_equals_fixed_state(search):
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
 
 
+class ContextTableStep(TableStep):
+    """TableStep reading each row's sentence from a `context` it never changes."""
+
+    def initial_state(self, batch_size):
+        return {"history": super().initial_state(batch_size)["history"]}
+
+    def context(self, batch_size):
+        return {"sentence": tf.range(batch_size, dtype=tf.int32)}
+
+    def __call__(self, ids, step, state, context):
+        logits, state = super().__call__(ids, step, {**state, **context})
+        return logits, {"history": state["history"]}
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam_exact", "beam_full"])
+@pytest.mark.parametrize("with_context", [False, True])
+def test_compact_equals_full_batch(search, with_context):
+    """Dropping finished sentences from the batch (and from the state and context that follow
+    it) changes nothing: the step function's logits depend on each row's sentence and prefix."""
+    vocab_size, max_decode_length, batch_size = 7, 9, 6
+    caps = tf.constant([9, 2, 5, 9, 1, 7])
+    for seed in range(3):
+        if with_context:
+            step_fn = ContextTableStep(seed, vocab_size, max_decode_length, scale=1.5)
+            extra = {"context": step_fn.context(batch_size)}
+        else:
+            step_fn = TableStep(seed, vocab_size, max_decode_length, scale=1.5)
+            extra = {}
+        kwargs = dict(batch_size=batch_size, max_decode_length=max_decode_length,
+                      length_caps=caps, **extra)
+        if search == "greedy":
+            run = tf.function(functools.partial(decoding.greedy_search, **kwargs))
+        else:
+            run = tf.function(functools.partial(
+                decoding.beam_search, beam_size=3, num_hypotheses=2, alpha=0.6,
+                stopping={"beam_exact": "exact", "beam_full": "beam_full"}[search], **kwargs))
+        state = step_fn.initial_state(batch_size)
+        expected_ids, expected_scores = run(step_fn, state)
+        ids, scores = run(step_fn, state, compact=True)
+        np.testing.assert_array_equal(ids, expected_ids)
+        # Reductions over the vocabulary may round differently for another number of rows.
+        np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_compact_with_growing_state_and_empty_batch(search):
+    """A growing state with a free batch dimension, and a batch of 0, compacted."""
+    vocab_size, max_decode_length = 6, 5
+    step_fn = TableStep(7, vocab_size, max_decode_length)
+
+    def growing_step(ids, step, state):
+        history = state["history"]
+        padded_history = tf.pad(history, [[0, 0], [0, max_decode_length - step]])
+        logits, _ = step_fn(ids, step, {"history": padded_history, "sentence": state["sentence"]})
+        return logits, {"history": tf.concat([history, ids[:, None]], axis=1),
+                        "sentence": state["sentence"]}
+
+    invariants = {"history": tf.TensorShape([None, None]), "sentence": tf.TensorShape([None])}
+    for batch_size in (3, 0):
+        kwargs = dict(batch_size=batch_size, max_decode_length=max_decode_length)
+        if search == "beam":
+            kwargs.update(beam_size=3, num_hypotheses=3)
+        run = tf.function(functools.partial(
+            decoding.greedy_search if search == "greedy" else decoding.beam_search, **kwargs))
+        expected_ids, expected_scores = run(step_fn, step_fn.initial_state(batch_size))
+        growing_state = {"history": tf.zeros([batch_size, 0], tf.int32),
+                         "sentence": tf.range(batch_size, dtype=tf.int32)}
+        ids, scores = run(growing_step, growing_state, state_shape_invariants=invariants,
+                          compact=True)
+        np.testing.assert_array_equal(ids, expected_ids)
+        np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", [256, 1000, 8000])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_top_k_over_blocks_equals_top_k(n, k):
+    """Same values and indices as tf.math.top_k, ties (lower index first) and -inf included,
+    for rows that are and are not a multiple of the block size."""
+    rng = np.random.default_rng(n + k)
+    for values in (rng.normal(size=[5, n]), rng.integers(0, 4, size=[5, n]),
+                   np.where(rng.random([5, n]) < 0.99, -np.inf, rng.normal(size=[5, n]))):
+        values = tf.constant(values, tf.float32)
+        expected_values, expected_indices = tf.math.top_k(values, k=k)
+        top_values, indices = decoding._top_k(values, k)
+        np.testing.assert_array_equal(indices, expected_indices)
+        np.testing.assert_array_equal(top_values, expected_values)
+
+
+def test_top_log_probs_are_log_softmax_at_the_top_k():
+    logits = tf.constant(np.random.default_rng(0).normal(size=[4, 3000]) * 5, tf.float32)
+    log_probs, ids = decoding._top_log_probs(logits, 6)
+    expected_log_probs, expected_ids = tf.math.top_k(tf.nn.log_softmax(logits), k=6)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_allclose(log_probs, expected_log_probs, rtol=1e-6, atol=1e-6)
+
+
 def test_beam_argument_checks():
+    with pytest.raises(ValueError, match="stopping"):
+        decoding.beam_search(None, {}, batch_size=1, beam_size=2, max_decode_length=3,
+                             stopping="never")
     with pytest.raises(ValueError, match="num_hypotheses"):
         decoding.beam_search(None, {}, batch_size=1, beam_size=2, max_decode_length=3, num_hypotheses=3)
     with pytest.raises(ValueError, match="alpha"):
