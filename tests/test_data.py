@@ -16,7 +16,7 @@ from keras_transformer import multi30k
 from keras_transformer.config import DATA_ENV, ConfigError, DataConfig
 from keras_transformer.data import (DataError, batch_stats, bucket_batch_sizes, bucket_lengths,
                                     fixed_size_batches, load_pairs, make_batches, pair_stats,
-                                    read_parallel_lines, data_stats, format_data_stats)
+                                    read_parallel_lines, data_stats)
 from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID, training_tokenizers
 
 tfds.display_progress_bar(False)
@@ -277,6 +277,8 @@ def test_data_stats_report(sentencepiece_vocab, multi30k_dir):
     assert stats["splits"]["test_2016_flickr"]["pairs"] == 1000
     assert train["batches"]["max_padded_tokens"] <= config.tokens_per_batch
     assert train["source_length"][50] <= train["source_length"][99] <= config.max_pair_length + 100
+    from keras_transformer.cli import format_data_stats
+
     report = format_data_stats(stats)
     assert "[validation] 1014 pairs" in report and "padding" in report
 
