@@ -1,0 +1,252 @@
+"""CTranslate2 export of a trained Transformer.
+
+    export_ctranslate2(model, tokenizer, tokenizer, DecodeConfig(), "exports/ct2")
+
+The export is a CTranslate2 model folder (model.bin, config.json, shared_vocabulary.json) plus the
+joint SentencePiece model and `keras_transformer.json` (beam size, alpha, output caps, source
+markers), everything a translator needs besides CTranslate2 and sentencepiece.
+
+How our layout maps onto CTranslate2's `TransformerSpec`:
+
+- Positions: our table interleaves sin/cos (section 3.5) from position 0; CTranslate2's built-in
+  table (OpenNMT-tf's) concatenates sin|cos, with rates 10000^(-i / (d_model/2 - 1)), from
+  position 1. The spec therefore carries our table (`position_encodings.encodings`). CTranslate2
+  then refuses positions past the table rather than stopping there, so a translator must
+  truncate sources and bound output caps by `max_length`, as `Translator` does. Embeddings are
+  scaled by sqrt(d_model) in both.
+- Keras kernels are [in, out] (MultiHeadAttention: query/key/value [d_model, heads, head_dim],
+  output [heads, head_dim, d_model]); CTranslate2 wants [out, in] with heads major. Self-attention
+  takes one fused q|k|v projection, cross-attention q then a fused k|v.
+- Post-norm stacks have LayerNorms in their sublayers only; pre-norm stacks also end with one.
+  The LayerNorm epsilon is ours (1e-6).
+- The SentencePiece reserved ids 0-3 (`<pad> <s> </s> <unk>`) are CTranslate2's default tokens;
+  `add_source_bos`/`add_source_eos` put START and END around every source, as `tokenize` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import ctranslate2
+import numpy as np
+import sentencepiece
+from ctranslate2.specs import common_spec, transformer_spec
+
+from keras_transformer.config import ConfigError, DecodeConfig
+from keras_transformer.layers.residual import LAYER_NORM_EPSILON
+from keras_transformer.model import Transformer
+from keras_transformer.tokenizers import SentencePieceTokenizer, Tokenizer
+
+SETTINGS_FILE = "keras_transformer.json"
+SENTENCEPIECE_FILE = "sentencepiece.model"
+QUANTIZATIONS = ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES  # float32, int8, bfloat16, ...
+
+
+# ----------------------------------------------------------------------------- export
+
+def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
+                       target_tokenizer: Tokenizer, decode_config: DecodeConfig,
+                       output_dir: str | os.PathLike, *, quantization: str = "float32",
+                       provenance: dict | None = None) -> Path:
+    """Writes `model` as a CTranslate2 model folder at `output_dir` (which must not exist).
+
+    The folder holds CTranslate2's files, the SentencePiece model and `keras_transformer.json`
+    (the decoding settings, the source markers, `quantization`, and `provenance` merged in). It is
+    written to a hidden sibling folder and renamed at the end, so it is never seen half-written.
+
+    Args:
+        model: a trained `Transformer`.
+        source_tokenizer, target_tokenizer: the run's joint `SentencePieceTokenizer` (twice).
+        decode_config: beam size, alpha and output caps for the translator.
+        quantization: weight type, one of `QUANTIZATIONS` (float32, int8, bfloat16, ...).
+        provenance: optional JSON-serializable facts about the model (run, weights, commit).
+
+    Returns:
+        the export folder.
+
+    Raises:
+        ConfigError: for a tokenizer other than SentencePiece, an unknown quantization, or
+            `provenance` keys that would overwrite the settings.
+    """
+    sentencepiece_path = _sentencepiece_model_path(source_tokenizer, target_tokenizer)
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(f"quantization={quantization!r} is not one of "
+                          f"{', '.join(map(repr, QUANTIZATIONS))}")
+    settings = export_settings(model, decode_config, quantization)
+    clashes = sorted(set(settings) & set(provenance or {}))
+    if clashes:
+        raise ConfigError(f"provenance keys {clashes} would overwrite the export's settings")
+    settings_text = json.dumps({**settings, **(provenance or {})}, indent=2) + "\n"
+
+    output_dir = Path(output_dir)
+    if output_dir.exists():
+        raise FileExistsError(f"{output_dir} already exists: choose another folder")
+    partial = output_dir.with_name(f".{output_dir.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        converter = KerasTransformerConverter(model, _vocabulary(sentencepiece_path))
+        converter.convert(str(partial), quantization=quantization, force=True)
+        shutil.copyfile(sentencepiece_path, partial / SENTENCEPIECE_FILE)
+        (partial / SETTINGS_FILE).write_text(settings_text)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    os.replace(partial, output_dir)
+    return output_dir
+
+
+def export_settings(model: Transformer, decode_config: DecodeConfig, quantization: str) -> dict:
+    """The contents of `keras_transformer.json` (before provenance)."""
+    return {
+        "beam_size": decode_config.beam_size,
+        "alpha": decode_config.alpha,
+        "max_extra_length": decode_config.max_extra_length,
+        "max_positions": model.config.max_length,
+        "source_start": "<s>",  # START and END around every source, as Tokenizer.tokenize does
+        "source_end": "</s>",
+        "sentencepiece_model": SENTENCEPIECE_FILE,
+        "quantization": quantization,
+    }
+
+
+def _sentencepiece_model_path(source_tokenizer: Tokenizer, target_tokenizer: Tokenizer) -> str:
+    """The joint SentencePiece model file of the tokenizers; ConfigError for anything else."""
+    for tokenizer in (source_tokenizer, target_tokenizer):
+        if not isinstance(tokenizer, SentencePieceTokenizer):
+            raise ConfigError(
+                f"CTranslate2 export needs the joint SentencePiece tokenizer, got "
+                f"{type(tokenizer).__name__}: CTranslate2 translates pieces, which "
+                "CTranslate2Translator makes with the sentencepiece library from the .model file "
+                "copied into the export (the segmentation tf-text computes), while WordPiece "
+                "splitting, lowercasing and natural-spacing detokenization exist here only as "
+                "TensorFlow (tf-text) ops, over two per-language vocabularies whose markers are "
+                "[START]/[END]/[UNK], not CTranslate2's <s>/</s>/<unk>; "
+                "train with data.tokenizer=sentencepiece")
+    paths = {t.model_file.asset_path.numpy().decode("utf-8")
+             for t in (source_tokenizer, target_tokenizer)}
+    if len({Path(p).read_bytes() for p in paths}) != 1:
+        raise ConfigError(f"source and target SentencePiece models differ ({sorted(paths)}): "
+                          "the export holds one joint model")
+    return paths.pop()
+
+
+def _vocabulary(sentencepiece_path: str) -> list[str]:
+    """The pieces in id order: CTranslate2 maps pieces to ids through this list."""
+    processor = sentencepiece.SentencePieceProcessor(model_file=sentencepiece_path)
+    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+
+
+class KerasTransformerConverter(ctranslate2.converters.Converter):
+    """A `Transformer` and its vocabulary (pieces in id order) -> CTranslate2's TransformerSpec.
+
+    `convert(output_dir, quantization=...)` (CTranslate2's) validates, quantizes and writes it.
+    """
+
+    def __init__(self, model: Transformer, vocabulary: Sequence[str]):
+        config = model.config
+        for side in ("source", "target"):
+            size = getattr(config, f"{side}_vocab_size")
+            if size != len(vocabulary):
+                raise ConfigError(f"model.{side}_vocab_size={size} but the SentencePiece model "
+                                  f"has {len(vocabulary)} pieces")
+        self.model = model
+        self.vocabulary = list(vocabulary)
+
+    def _load(self) -> transformer_spec.TransformerSpec:
+        spec = ctranslate2_spec(self.model)
+        spec.register_source_vocabulary(self.vocabulary)
+        spec.register_target_vocabulary(self.vocabulary)
+        return spec
+
+
+def ctranslate2_spec(model: Transformer) -> transformer_spec.TransformerSpec:
+    """The filled CTranslate2 spec of `model` (weights as float32 numpy arrays)."""
+    config = model.config
+    pre_norm = config.norm == "pre"
+    encoder = transformer_spec.TransformerEncoderSpec(config.num_layers, config.num_heads,
+                                                      pre_norm=pre_norm)
+    decoder = transformer_spec.TransformerDecoderSpec(config.num_layers, config.num_heads,
+                                                      pre_norm=pre_norm)
+    spec = transformer_spec.TransformerSpec(encoder, decoder)
+    spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+    spec.config.add_source_bos = True
+    spec.config.add_source_eos = True
+
+    _set_positional_embedding(encoder.embeddings[0], encoder.position_encodings,
+                              model.source_embedding)
+    for layer_spec, layer in zip(encoder.layer, model.encoder.stack):
+        _set_attention(layer_spec.self_attention, layer.self_attention, self_attention=True)
+        _set_feed_forward(layer_spec.ffn, layer.ffn)
+
+    _set_positional_embedding(decoder.embeddings, decoder.position_encodings,
+                              model.target_embedding)
+    for layer_spec, layer in zip(decoder.layer, model.decoder.stack):
+        _set_attention(layer_spec.self_attention, layer.causal_self_attention,
+                       self_attention=True)
+        _set_attention(layer_spec.attention, layer.cross_attention, self_attention=False)
+        _set_feed_forward(layer_spec.ffn, layer.ffn)
+
+    if pre_norm:
+        _set_layer_norm(encoder.layer_norm, model.encoder.final_layernorm)
+        _set_layer_norm(decoder.layer_norm, model.decoder.final_layernorm)
+    if model.final_layer is not None:
+        _set_dense(decoder.projection, model.final_layer)
+    else:  # tied to the target embedding (section 3.4), no bias
+        decoder.projection.weight = _numpy(model.target_embedding.token_embedding.embeddings)
+    return spec
+
+
+def _numpy(variable) -> np.ndarray:
+    return np.asarray(variable.numpy(), dtype=np.float32)
+
+
+def _set_positional_embedding(embeddings_spec, positions_spec, layer) -> None:
+    embeddings_spec.weight = _numpy(layer.token_embedding.embeddings)  # [vocab, d_model]
+    positions_spec.encodings = np.asarray(layer.positions, np.float32)  # [max_length, d_model]
+
+
+def _set_dense(spec: common_spec.LinearSpec, dense) -> None:
+    spec.weight = _numpy(dense.kernel).T  # [out, in]
+    spec.bias = _numpy(dense.bias)
+
+
+def _set_layer_norm(spec: common_spec.LayerNormSpec, layer_norm) -> None:
+    spec.gamma = _numpy(layer_norm.gamma)
+    spec.beta = _numpy(layer_norm.beta)
+
+
+def _set_feed_forward(spec, feed_forward) -> None:
+    _set_dense(spec.linear_0, feed_forward.inner)
+    _set_dense(spec.linear_1, feed_forward.outer)
+    _set_layer_norm(spec.layer_norm, feed_forward.layernorm)
+
+
+def _set_attention(spec, attention, *, self_attention: bool) -> None:
+    """Fills a MultiHeadAttentionSpec from a `BaseAttention` sublayer (its `mha` and LayerNorm)."""
+    mha = attention.mha
+    query, key, value = (_projection(dense) for dense in
+                         (mha._query_dense, mha._key_dense, mha._value_dense))
+    if self_attention:
+        fused = [np.concatenate(parts) for parts in zip(query, key, value)]
+        spec.linear[0].weight, spec.linear[0].bias = fused
+    else:
+        spec.linear[0].weight, spec.linear[0].bias = query
+        spec.linear[1].weight, spec.linear[1].bias = (
+            np.concatenate(parts) for parts in zip(key, value))
+    output = spec.linear[-1]
+    kernel = _numpy(mha._output_dense.kernel)  # [heads, head_dim, d_model]
+    output.weight = kernel.reshape(-1, kernel.shape[-1]).T  # [d_model, heads * head_dim]
+    output.bias = _numpy(mha._output_dense.bias)
+    _set_layer_norm(spec.layer_norm, attention.layernorm)
+
+
+def _projection(dense) -> tuple[np.ndarray, np.ndarray]:
+    """A query/key/value EinsumDense -> (weight [heads * head_dim, d_model], bias [heads *
+    head_dim]), heads major as CTranslate2 splits them."""
+    kernel = _numpy(dense.kernel)  # [d_model, heads, head_dim]
+    return kernel.reshape(kernel.shape[0], -1).T, _numpy(dense.bias).reshape(-1)
