@@ -113,7 +113,7 @@ def load_row_model(spec: dict):
         from keras_transformer.ctranslate2_export import CTranslate2Translator
 
         translator = CTranslate2Translator(spec["path"], inter_threads=spec["cores"],
-                                           intra_threads=1)
+                                           intra_threads=1, max_batch_size=0)
         return (translator.translate_greedy if spec["search"] == "greedy"
                 else translator.translate_beam)
     import tensorflow as tf
@@ -162,7 +162,8 @@ def export_variants(args, translator, root: Path, alphas: list[float]) -> dict:
             else:
                 paths[variant, alpha] = export_ctranslate2(
                     translator.model, translator.source_tokenizer, translator.target_tokenizer,
-                    decode_config, path, quantization=variant.split("_")[1])
+                    decode_config, path, quantization=variant.split("_")[1],
+                    max_source_length=translator.max_source_length)
     return paths
 
 

@@ -7,6 +7,7 @@
     keras-transformer train --config experiments/NAME.yaml [--set k=v ...] --output runs/NAME
     keras-transformer average --run runs/NAME --last N [--upper-bound EPOCH]
     keras-transformer export --run runs/NAME --output saved_models/NAME [--version N] [--beam K]
+    keras-transformer export --run runs/NAME --format ctranslate2 [--quantization int8] --output DIR
     keras-transformer translate --model saved_models/NAME/1 [--beam K | --greedy] < in > out
     keras-transformer evaluate --model saved_models/NAME/1 --source FILE --reference FILE
     keras-transformer tune-search --run runs/NAME --source VAL --reference VAL --beam 4,5 --alpha 0.6,1
@@ -141,7 +142,8 @@ def _export(args) -> int:
     from keras_transformer.export import export_run
 
     path = export_run(args.run_dir, args.output, version=args.version, weights=args.weights,
-                      beam_size=args.beam, alpha=args.alpha, jit_compile=args.xla)
+                      beam_size=args.beam, alpha=args.alpha, jit_compile=args.xla,
+                      format=args.format, quantization=args.quantization)
     print(f"exported {args.run_dir} to {path}")
     return 0
 
@@ -154,11 +156,11 @@ def _translate_function(args):
 
         module = translator_from_run(args.run_dir, weights=args.weights, beam_size=args.beam)
     else:
-        from keras_transformer.export import load_translator
+        from keras_transformer.export import load_any
 
-        module = load_translator(args.model)
+        module = load_any(args.model)
         if args.beam is not None and not args.greedy:
-            exported = int(module.translate_nbest(_strings([""]))["scores"].shape[1])
+            exported = int(module.translate_nbest(_strings(["."]))["scores"].shape[1])
             if args.beam != exported:
                 raise ConfigError(
                     f"--beam {args.beam}: {args.model} was exported with beam size {exported};"
@@ -285,7 +287,8 @@ def _positive_int(text: str) -> int:
 
 def _add_translator_arguments(parser):
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="exported version folder, e.g. saved_models/NAME/1")
+    source.add_argument("--model", help="an export: a SavedModel version folder (e.g. "
+                        "saved_models/NAME/1) or a CTranslate2 model folder")
     source.add_argument("--run", dest="run_dir",
                         help="training run folder (uses the Keras model directly)")
     search = parser.add_mutually_exclusive_group()
@@ -367,6 +370,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "run's decode.beam_size)")
     export.add_argument("--alpha", type=float, help="length penalty (default: decode.alpha)")
     export.add_argument("--weights", default="best", help="best, last, or a weight file")
+    export.add_argument("--format", choices=("savedmodel", "ctranslate2"), default="savedmodel",
+                        help="savedmodel (TF Serving; OUTPUT/VERSION/) or ctranslate2 (a "
+                             "CTranslate2 model folder at OUTPUT; needs the ctranslate2 extra)")
+    export.add_argument("--quantization", default="float32",
+                        help="with --format ctranslate2: float32, int8, bfloat16, ...")
     export.add_argument("--xla", action="store_true",
                         help="compile the search with XLA (TF Serving then needs "
                              "--xla_cpu_compilation_enabled=true)")

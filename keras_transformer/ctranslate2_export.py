@@ -14,7 +14,7 @@ How our layout maps onto CTranslate2's `TransformerSpec`:
   table (OpenNMT-tf's) concatenates sin|cos, with rates 10000^(-i / (d_model/2 - 1)), from
   position 1. The spec therefore carries our table (`position_encodings.encodings`). CTranslate2
   then refuses positions past the table rather than stopping there, so sources are truncated and
-  output caps bounded by `max_length` here, as `Translator` does. Embeddings are scaled by
+  output caps bounded by `max_positions` here, as `Translator` does. Embeddings are scaled by
   sqrt(d_model) in both.
 - Keras kernels are [in, out] (MultiHeadAttention: query/key/value [d_model, heads, head_dim],
   output [heads, head_dim, d_model]); CTranslate2 wants [out, in] with heads major. Self-attention
@@ -64,6 +64,7 @@ SETTINGS_FILE = "keras_transformer.json"
 SENTENCEPIECE_FILE = "sentencepiece.model"
 QUANTIZATIONS = ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES  # float32, int8, bfloat16, ...
 MAX_BATCH_SIZE = 32  # sentences per CTranslate2 batch (beam search decodes beam_size times more)
+BEAM_RULES = ("native", "exact")
 
 
 # ----------------------------------------------------------------------------- export
@@ -71,7 +72,8 @@ MAX_BATCH_SIZE = 32  # sentences per CTranslate2 batch (beam search decodes beam
 def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
                        target_tokenizer: Tokenizer, decode_config: DecodeConfig,
                        output_dir: str | os.PathLike, *, quantization: str = "float32",
-                       provenance: dict | None = None) -> Path:
+                       provenance: dict | None = None,
+                       max_source_length: int | None = None) -> Path:
     """Writes `model` as a CTranslate2 model folder at `output_dir` (which must not exist).
 
     The folder holds CTranslate2's files, the SentencePiece model and `keras_transformer.json`
@@ -84,6 +86,8 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
         decode_config: beam size, alpha and output caps that `CTranslate2Translator` will use.
         quantization: weight type, one of `QUANTIZATIONS` (float32, int8, bfloat16, ...).
         provenance: optional JSON-serializable facts about the model (run, weights, commit).
+        max_source_length: sources are truncated to this many tokens, START and END included
+            (default and upper bound: the model's `max_positions`), as `Translator` does.
 
     Returns:
         the export folder.
@@ -96,7 +100,7 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization={quantization!r} is not one of "
                           f"{', '.join(map(repr, QUANTIZATIONS))}")
-    settings = export_settings(model, decode_config, quantization)
+    settings = export_settings(model, decode_config, quantization, max_source_length)
     clashes = sorted(set(settings) & set(provenance or {}))
     if clashes:
         raise ConfigError(f"provenance keys {clashes} would overwrite the export's settings")
@@ -120,13 +124,16 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
     return output_dir
 
 
-def export_settings(model: Transformer, decode_config: DecodeConfig, quantization: str) -> dict:
+def export_settings(model: Transformer, decode_config: DecodeConfig, quantization: str,
+                    max_source_length: int | None = None) -> dict:
     """The contents of `keras_transformer.json` (before provenance)."""
+    positions = model.config.max_positions
     return {
         "beam_size": decode_config.beam_size,
         "alpha": decode_config.alpha,
         "max_extra_length": decode_config.max_extra_length,
-        "max_positions": model.config.max_length,
+        "max_positions": positions,
+        "max_source_length": min(max_source_length or positions, positions),
         "source_start": "<s>",  # START and END around every source, as Tokenizer.tokenize does
         "source_end": "</s>",
         "sentencepiece_model": SENTENCEPIECE_FILE,
@@ -227,7 +234,7 @@ def _numpy(variable) -> np.ndarray:
 
 def _set_positional_embedding(embeddings_spec, positions_spec, layer) -> None:
     embeddings_spec.weight = _numpy(layer.token_embedding.embeddings)  # [vocab, d_model]
-    positions_spec.encodings = np.asarray(layer.positions, np.float32)  # [max_length, d_model]
+    positions_spec.encodings = np.asarray(layer.positions, np.float32)  # [max_positions, d_model]
 
 
 def _set_dense(spec: common_spec.LinearSpec, dense) -> None:
@@ -278,24 +285,37 @@ class CTranslate2Translator:
     """Strings in, `{"translation": bytes [batch], "score": float32 [batch]}` out, from a
     CTranslate2 export: the results of `translator.Translator` on the same model.
 
-    Sources are truncated to their first `max_positions - 1` tokens plus END; outputs are at
+    Sources are truncated to their first `max_source_length - 1` tokens plus END; outputs are at
     most min(source length + max_extra_length, max_positions) tokens, END included, the source
     length counting START and END. CTranslate2 takes one length limit per call, so sentences are
     decoded in groups of equal cap. Empty or whitespace-only sources are not decoded (`Translator`
     decodes them as START END): their translation is "" with score 0.
 
-    Beam search asks CTranslate2 for every hypothesis it finishes, ranks them by log P / lp and
-    stops as `decoding.beam_search` does (see `_beam` for how).
+    Beam search (`beam_rule`):
+    - "native" (default): CTranslate2's own search, as fast as CTranslate2 is: it returns the
+      `beam_size` hypotheses it finishes first (length penalty 0, so by log P), which are
+      re-ranked by log P / lp. The best one is usually, not always, `Translator`'s.
+    - "exact": asks CTranslate2 for every hypothesis it finishes, ranks them by log P / lp and
+      stops as `decoding.beam_search` does (see `_beam`): `Translator`'s results exactly, at the
+      cost of longer searches.
 
     Args:
         model_dir: a folder written by `export_ctranslate2`.
         device, inter_threads, intra_threads, compute_type: see `ctranslate2.Translator`
             (one thread each was fastest for small batches on a 2-core CPU, see FIELD-NOTES).
+        beam_rule: "native" or "exact", see above.
+        max_batch_size: CTranslate2 splits a call's sentences into batches of at most this
+            many (0: never, so a batch is decoded as given).
     """
 
     def __init__(self, model_dir: str | os.PathLike, *, device: str = "cpu",
                  inter_threads: int = 1, intra_threads: int = 1,
-                 compute_type: str = "default"):
+                 compute_type: str = "default", beam_rule: str = "native",
+                 max_batch_size: int = MAX_BATCH_SIZE):
+        if beam_rule not in BEAM_RULES:
+            raise ConfigError(f"beam_rule={beam_rule!r} is not one of {', '.join(BEAM_RULES)}")
+        self.beam_rule = beam_rule
+        self.options = dict(_SEARCH_OPTIONS, max_batch_size=max_batch_size)
         self.model_dir = Path(model_dir)
         settings_path = self.model_dir / SETTINGS_FILE
         if not settings_path.is_file():
@@ -311,6 +331,7 @@ class CTranslate2Translator:
         self.alpha = float(self.settings["alpha"])
         self.max_extra_length = int(self.settings["max_extra_length"])
         self.max_positions = int(self.settings["max_positions"])
+        self.max_source_length = int(self.settings.get("max_source_length", self.max_positions))
 
     def translate_greedy(self, batch) -> dict:
         """Greedy decoding: `{"translation": bytes [batch], "score": float32 [batch]}` with
@@ -364,7 +385,7 @@ class CTranslate2Translator:
         if not source.strip():
             return None
         pieces = self.processor.encode(source.decode("utf-8", errors="replace"), out_type=str)
-        return pieces[:self.max_positions - 2]
+        return pieces[:self.max_source_length - 2]
 
     def _cap(self, pieces: list[str]) -> int:
         """The most tokens generated for a source, END included."""
@@ -372,7 +393,7 @@ class CTranslate2Translator:
 
     def _greedy(self, sources: list[list[str]], cap: int) -> list[tuple[list[int], float]]:
         results = self.translator.translate_batch(
-            sources, beam_size=1, max_decoding_length=cap, **_SEARCH_OPTIONS)
+            sources, beam_size=1, max_decoding_length=cap, **self.options)
         return [self._hypotheses(result)[0] for result in results]
 
     def _beam(self, sources: list[list[str]], cap: int, first_limit: int | None = None) -> list:
@@ -386,6 +407,8 @@ class CTranslate2Translator:
         it searches up to `first_limit` tokens (default twice the longest source), checks that
         rule (`_settled`), and searches again with twice the limit the sources it cannot settle.
         """
+        if self.beam_rule == "native":
+            return self._native_beam(sources, cap)
         if first_limit is None:
             first_limit = 2 * (max(map(len, sources)) + 2)
         limit = cap if self.beam_size == 1 else min(cap, first_limit)
@@ -397,6 +420,15 @@ class CTranslate2Translator:
                 ranked[index] = self._settled(hypotheses, limit, cap)
             pending = [i for i in pending if ranked[i] is None]
             limit = min(2 * limit, cap)
+        return [hypotheses + [([], NEG_INF)] * (self.beam_size - len(hypotheses))
+                for hypotheses in ranked]
+
+    def _native_beam(self, sources: list[list[str]], cap: int) -> list:
+        """CTranslate2's own beam search; its `beam_size` hypotheses re-ranked by log P / lp."""
+        results = self.translator.translate_batch(
+            sources, beam_size=self.beam_size, num_hypotheses=self.beam_size,
+            max_decoding_length=cap, **self.options)
+        ranked = [self._rank(self._hypotheses(result)) for result in results]
         return [hypotheses + [([], NEG_INF)] * (self.beam_size - len(hypotheses))
                 for hypotheses in ranked]
 
@@ -412,7 +444,7 @@ class CTranslate2Translator:
         every = self.beam_size * limit if self.beam_size > 1 else 1
         results = self.translator.translate_batch(
             sources, beam_size=self.beam_size, num_hypotheses=every, patience=limit,
-            max_decoding_length=limit, **_SEARCH_OPTIONS)
+            max_decoding_length=limit, **self.options)
         return [self._hypotheses(result) for result in results]
 
     def _settled(self, hypotheses: list, limit: int, cap: int) -> list | None:
@@ -460,7 +492,7 @@ class CTranslate2Translator:
 # Options of every CTranslate2 search. length_penalty 0: raw log P (CTranslate2 divides by
 # len ** penalty); min_decoding_length 0: END may come first, as in ours; max_input_length 0:
 # sources are truncated here, keeping their END; return_end_token: |Y| counts END.
-_SEARCH_OPTIONS = dict(max_batch_size=MAX_BATCH_SIZE, length_penalty=0.0, min_decoding_length=0,
+_SEARCH_OPTIONS = dict(length_penalty=0.0, min_decoding_length=0,
                        max_input_length=0, return_scores=True, return_end_token=True)
 
 

@@ -25,7 +25,7 @@ from keras_transformer.model import Transformer  # noqa: E402
 from keras_transformer.tokenizers import END_ID  # noqa: E402
 from keras_transformer.translator import Translator  # noqa: E402
 
-MAX_LENGTH = 24  # both test models' max_length
+MAX_LENGTH = 24  # both test models' max_positions
 SENTENCES = [
     "Ein Mann fährt Fahrrad.",
     "Zwei Hunde spielen im Schnee.",
@@ -57,7 +57,7 @@ def pre_norm_model(sentencepiece_tokenizers):
     tokenizer = sentencepiece_tokenizers[0]
     config = ModelConfig(num_layers=2, d_model=32, num_heads=4, dff=64, dropout=0.1, norm="pre",
                          share_embeddings="all", source_vocab_size=tokenizer.vocab_size,
-                         target_vocab_size=tokenizer.vocab_size, max_length=MAX_LENGTH)
+                         target_vocab_size=tokenizer.vocab_size, max_positions=MAX_LENGTH)
     model = Transformer(config)
     model.build()
     rng = np.random.default_rng(11)
@@ -128,7 +128,8 @@ def test_beam_matches_translator(models, alpha, tmp_path):
     model, tokenizer = models
     decode_config = DecodeConfig(beam_size=4, alpha=alpha, max_extra_length=8)
     translator = Translator(model, tokenizer, tokenizer, decode_config)
-    ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2", decode_config))
+    ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2", decode_config),
+                                beam_rule="exact")
     sources = tf.constant(SENTENCES)
 
     expected = translator.translate_beam(sources)
@@ -143,12 +144,35 @@ def test_beam_matches_translator(models, alpha, tmp_path):
     np.testing.assert_allclose(result["scores"], expected["scores"].numpy(), atol=1e-3)
 
 
+def test_native_beam_reranks_ctranslate2s_own_hypotheses(models, tmp_path):
+    """The default rule runs CTranslate2's search once per group (no rounds) and returns its
+    beam_size hypotheses ordered by log P / lp; its best is one of the exact rule's finished
+    hypotheses' candidates, so both give a translation for every source."""
+    model, tokenizer = models
+    folder = export(model, tokenizer, tmp_path / "ct2",
+                    DecodeConfig(beam_size=4, alpha=1.4, max_extra_length=8))
+    native = CTranslate2Translator(folder)
+    assert native.beam_rule == "native"
+    calls = []
+    search = native.translator.translate_batch
+    native.translator = type("Spy", (), {"translate_batch": lambda self, *a, **k: (
+        calls.append(k), search(*a, **k))[1]})()
+    nbest = native.beam_ids(SENTENCES)
+    assert all(call["num_hypotheses"] == 4 and "patience" not in call for call in calls)
+    for hypotheses in nbest:
+        scores = [score for _, score in hypotheses]
+        assert scores == sorted(scores, reverse=True) and len(hypotheses) == 4
+    with pytest.raises(ConfigError, match="beam_rule='fast' is not one of native, exact"):
+        CTranslate2Translator(folder, beam_rule="fast")
+
+
 def test_beam_rounds_give_the_search_to_the_cap(random_translation_model, tmp_path):
     """Searching first to 1 token and doubling (the stopping rule decides after each round)
     finds what one search to the cap finds."""
     model, tokenizer = random_translation_model
     ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2",
-                                       DecodeConfig(beam_size=4, alpha=1.4, max_extra_length=8)))
+                                       DecodeConfig(beam_size=4, alpha=1.4, max_extra_length=8)),
+                                beam_rule="exact")
     for sentence in SENTENCES:
         pieces = ct2._source_pieces(sentence.encode("utf-8"))
         cap = ct2._cap(pieces)
@@ -164,7 +188,7 @@ def test_settings_file_and_layout(random_translation_model, tmp_path):
                     provenance={"run": "runs/tiny", "weights": "best"})
     settings = json.loads((folder / SETTINGS_FILE).read_text())
     assert settings == {
-        "beam_size": 4, "alpha": 0.6, "max_extra_length": 8, "max_positions": MAX_LENGTH,
+        "beam_size": 4, "alpha": 0.6, "max_extra_length": 8, "max_positions": MAX_LENGTH, "max_source_length": MAX_LENGTH,
         "source_start": "<s>", "source_end": "</s>", "sentencepiece_model": "sentencepiece.model",
         "quantization": "float32", "run": "runs/tiny", "weights": "best"}
     assert (folder / "sentencepiece.model").is_file() and (folder / "model.bin").is_file()
@@ -260,7 +284,8 @@ def test_beam_size_one_is_greedy(random_translation_model, tmp_path):
     """Beam size 1 ranks greedy output by log P / lp, as `decoding.beam_search` does."""
     model, tokenizer = random_translation_model
     ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2",
-                                       DecodeConfig(beam_size=1, alpha=0.6, max_extra_length=8)))
+                                       DecodeConfig(beam_size=1, alpha=0.6, max_extra_length=8)),
+                                beam_rule="exact")
     greedy = ct2.greedy_ids(SENTENCES)
     beam = ct2.beam_ids(SENTENCES)
     assert [hypotheses[0][0] for hypotheses in beam] == [ids for ids, _ in greedy]
@@ -290,7 +315,7 @@ def test_wordpiece_is_refused(wordpiece_tokenizers, tmp_path):
     source, target = wordpiece_tokenizers
     config = ModelConfig(num_layers=1, d_model=16, num_heads=2, dff=32,
                          source_vocab_size=source.vocab_size,
-                         target_vocab_size=target.vocab_size, max_length=16)
+                         target_vocab_size=target.vocab_size, max_positions=16)
     model = Transformer(config)
     model.build()
     with pytest.raises(ConfigError, match="SentencePiece.*WordPieceTokenizer.*TensorFlow"):
@@ -335,3 +360,71 @@ def test_input_types_and_empty_batch(random_translation_model, tmp_path):
     empty = ct2.translate_nbest([])
     assert empty["translations"].shape == empty["scores"].shape == (0, 4)
     assert ct2.translate_beam(tf.constant([], tf.string))["translation"].shape == (0,)
+
+
+@pytest.fixture(scope="module")
+def run_dir(random_translation_model, sentencepiece_vocab, tmp_path_factory):
+    """A training-run folder (config, weights, vocabulary) holding the random model."""
+    import shutil
+
+    from keras_transformer.config import ExperimentConfig
+
+    model, _ = random_translation_model
+    data_config, vocab_dir = sentencepiece_vocab
+    run = tmp_path_factory.mktemp("run")
+    config = ExperimentConfig(model=model.config, data=data_config,
+                              decode=DecodeConfig(beam_size=2, max_extra_length=8))
+    config.to_yaml(run / "config.yaml")
+    model.save_weights(run / "best.weights.h5")
+    shutil.copytree(vocab_dir, run / "vocab")
+    return run
+
+
+def cli_run(capsys, monkeypatch, argv, stdin=""):
+    import io
+
+    from keras_transformer import cli
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8"))))
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_exports_ctranslate2_and_translates_with_either_export(run_dir, tmp_path, capsys,
+                                                                   monkeypatch):
+    ct2_dir, saved = tmp_path / "ct2", tmp_path / "saved_models" / "demo"
+    code, out, err = cli_run(capsys, monkeypatch, ["export", "--run", str(run_dir), "--format",
+                                                   "ctranslate2", "--output", str(ct2_dir)])
+    assert code == 0, err
+    assert (ct2_dir / "model.bin").is_file() and f"to {ct2_dir}" in out
+    assert cli_run(capsys, monkeypatch, ["export", "--run", str(run_dir),
+                                         "--output", str(saved)])[0] == 0
+
+    lines = "\n".join(SENTENCES[:6]) + "\n"
+    outputs = {}
+    for name, model_dir in (("ct2", ct2_dir), ("saved", saved / "1")):
+        code, outputs[name], err = cli_run(capsys, monkeypatch, [
+            "translate", "--model", str(model_dir), "--greedy", "--quiet"], lines)
+        assert code == 0, err
+    assert outputs["ct2"] == outputs["saved"] and len(outputs["ct2"].splitlines()) == 6
+
+    code, out, _ = cli_run(capsys, monkeypatch, ["info", "--model", str(ct2_dir)])
+    record = json.loads(out)
+    assert code == 0 and record["format"] == "ctranslate2" and record["beam_size"] == 2
+    assert record["weights_file"].endswith("best.weights.h5") and len(record["weights_sha256"]) == 64
+    code, out, _ = cli_run(capsys, monkeypatch, ["info", "--model", str(saved / "1")])
+    record = json.loads(out)
+    assert record["format"] == "savedmodel" and record["search"]["beam_size"] == 2
+    assert record["model"]["max_positions"] == 24 and "sources truncated" in record["length_rule"]
+
+    code, _, err = cli_run(capsys, monkeypatch, ["export", "--run", str(run_dir), "--format",
+                                                 "ctranslate2", "--output", str(ct2_dir)])
+    assert code == 2 and "already exists" in err and len(err.splitlines()) == 1
+    code, _, err = cli_run(capsys, monkeypatch, ["export", "--run", str(run_dir), "--format",
+                                                 "ctranslate2", "--xla", "--output",
+                                                 str(tmp_path / "x")])
+    assert code == 2 and "--xla is for SavedModel exports" in err
+    code, _, err = cli_run(capsys, monkeypatch, ["translate", "--model", str(ct2_dir),
+                                                 "--beam", "3"], "x\n")
+    assert code == 2 and "exported with beam size 2" in err
