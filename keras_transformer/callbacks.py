@@ -1,5 +1,6 @@
 """Keras callbacks of a training run: validation BLEU with translations and attention images for
-TensorBoard, tokens per second, where training starts, and the run's checkpoints.
+TensorBoard, loss, learning rate and tokens per second every N steps, where training starts, and
+the run's checkpoints.
 
 `default_callbacks` puts them in the order they must see each epoch's logs.
 """
@@ -31,6 +32,86 @@ class TokensPerSecond(keras.callbacks.Callback):
             logs["tokens_per_second"] = logs["target_tokens"] / (time.perf_counter() - self._start)
 
 
+class StepSummaries(keras.callbacks.Callback):
+    """Writes to TensorBoard every `every_steps` optimizer steps, at the optimizer's step (so
+    that the curves continue across a resume):
+
+    - `step_loss`: the mean loss per target token over the steps since the last write;
+    - `step_learning_rate`: the learning rate at the optimizer's step;
+    - `step_tokens_per_second`: target tokens over wall time since the last write.
+
+    Reads `loss` and `target_tokens` from the batch logs: both run over the epoch so far, the
+    loss weighted by target tokens (`Transformer.train_step` and `losses.TargetTokens`).
+
+    Keras 3.15's `TensorBoard(update_freq=N)` does not do this job: its step counts the batches
+    of the current `fit` (1 again after a resume), its `batch_loss` is the running mean of the
+    epoch, and it leaves `tf.summary.record_if(step % N == 0)` on between batches, so that every
+    summary written at the end of an epoch whose last step is not a multiple of N is dropped
+    (Keras's own epoch scalars, `val_bleu`, the translations).
+
+    Args:
+        log_dir: a folder of its own (not Keras's `logs/train`): TensorBoard's Python loader
+            (`--load_fast=false`) follows only the newest event file of a folder while it runs.
+        every_steps: N.
+    """
+
+    def __init__(self, log_dir, every_steps: int):
+        super().__init__()
+        self.log_dir = str(log_dir)
+        self.every_steps = every_steps
+        self._writer = None
+        self._last_step = 0
+        self._mark = (0.0, 0.0, 0.0)  # time, epoch's target tokens, summed token losses
+
+    def on_train_begin(self, logs=None):
+        self._last_step = self._step()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._mark = (time.perf_counter(), 0.0, 0.0)  # the logs' running values restart
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self._step()
+        # With gradient accumulation the step stays put for several batches.
+        if step == self._last_step or step % self.every_steps or not logs:
+            return
+        self._last_step = step
+        now, tokens = time.perf_counter(), logs["target_tokens"]
+        losses = logs["loss"] * tokens
+        then, tokens_then, losses_then = self._mark
+        self._mark = (now, tokens, losses)
+        window = tokens - tokens_then
+        self._write(step, loss=(losses - losses_then) / max(window, 1.0),
+                    learning_rate=float(keras.ops.convert_to_numpy(
+                        self.model.optimizer.learning_rate)),
+                    tokens_per_second=window / max(now - then, 1e-9))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._writer is not None:
+            self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _step(self) -> int:
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def _write(self, step: int, **values: float) -> None:
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        with self._writer.as_default(step=step), tf.summary.record_if(True):
+            for name, value in values.items():
+                tf.summary.scalar(f"step_{name}", value, description=_STEP_DESCRIPTIONS[name])
+
+
+_STEP_DESCRIPTIONS = {
+    "loss": "Training loss per target token, mean over the steps since the previous point.",
+    "learning_rate": "Learning rate of the schedule at this optimizer step.",
+    "tokens_per_second": "Target tokens per second of wall time since the previous point.",
+}
+
+
 class ResumeLogger(keras.callbacks.Callback):
     """Logs where training starts: epoch and optimizer step (non-zero after a resume), and on
     how many replicas and in which precision (what `train.precision: auto` resolved to)."""
@@ -53,6 +134,8 @@ def default_callbacks(config: ExperimentConfig, run: Run, validation_callback=No
     checkpoints.mkdir(exist_ok=True)
     callbacks = [keras.callbacks.BackupAndRestore(str(run.backup_dir)), ResumeLogger(),
                  TokensPerSecond(), keras.callbacks.TerminateOnNaN()]
+    if config.train.log_every_steps:
+        callbacks.append(StepSummaries(run.logs_dir / "train_steps", config.train.log_every_steps))
     if validation_callback is not None:
         callbacks.append(validation_callback)
     callbacks += [
