@@ -12,6 +12,8 @@ import time
 import keras
 import numpy as np
 import tensorflow as tf
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from keras_transformer.config import ExperimentConfig
 from keras_transformer.evaluation import score
@@ -157,7 +159,8 @@ def default_callbacks(config: ExperimentConfig, run: Run, validation_callback=No
 class ValidationBleu(keras.callbacks.Callback):
     """Greedy-decodes validation sentences after each epoch and adds `val_bleu` and `val_chrf`
     (sacreBLEU on detokenized, cased text) to the epoch logs; writes a few translations as a
-    TensorBoard text summary and a cross-attention heat map as an image summary.
+    TensorBoard text summary and the first sentence's cross-attention as an image summary
+    (`attention_figure`).
 
     Args:
         pairs: a dataset of (source, reference) strings.
@@ -211,15 +214,56 @@ class ValidationBleu(keras.callbacks.Callback):
         self._writer.flush()
 
     def _attention_image(self, source: str, translation: str) -> np.ndarray:
-        """Last decoder layer's cross-attention (mean over heads) for one pair, as an RGB image
-        `[target_len, source_len, 3]` scaled up for visibility."""
+        """The last decoder layer's cross-attention for one pair, one panel per head, as an RGB
+        image uint8 `[height, width, 3]`."""
         limit = self.model.config.max_positions  # a bad translation re-tokenizes longer
-        source_ids = self.source_tokenizer.tokenize(tf.constant([source])).to_tensor()
+        source_ids = self.source_tokenizer.tokenize(tf.constant([source])).to_tensor()[:, :limit]
         target_ids = self.target_tokenizer.tokenize(tf.constant([translation])).to_tensor()
-        weights = self.model.cross_attention_scores(source_ids[:, :limit],
-                                                    target_ids[:, :-1][:, :limit])
-        heat = tf.reduce_mean(weights[0], axis=0)  # [target_len, source_len]
-        heat = heat / tf.maximum(tf.reduce_max(heat), 1e-9)
-        scale = 8
-        heat = tf.repeat(tf.repeat(heat, scale, axis=0), scale, axis=1)
-        return tf.stack([heat, heat * 0.5, 1.0 - heat], axis=-1)
+        target_in, target_out = target_ids[:, :-1][:, :limit], target_ids[:, 1:][:, :limit]
+        weights = self.model.cross_attention_scores(source_ids, target_in)  # [1, heads, out, in]
+        figure = attention_figure(tf.cast(weights[0], tf.float32).numpy(),
+                                  _pieces(self.source_tokenizer, source_ids[0]),
+                                  _pieces(self.target_tokenizer, target_out[0]))
+        return figure_to_image(figure)
+
+
+def _pieces(tokenizer, ids) -> list[str]:
+    """The subword strings of int ids `[len]`."""
+    return [piece.decode("utf-8", "replace") for piece in tokenizer.lookup(ids).numpy()]
+
+
+def attention_figure(weights: np.ndarray, source_pieces: list[str],
+                     output_pieces: list[str]) -> Figure:
+    """Attention `weights` `[heads, output_len, source_len]` drawn as the tf.text tutorial's
+    attention plot: one panel per head (four to a row), the source pieces along the x axis, the
+    output pieces along the y axis, on one color scale with a color bar.
+
+    `output_pieces[i]` is the piece the decoder produced while attending with row i (so it
+    starts with the first piece after START and ends with END).
+    """
+    heads, rows, columns = weights.shape
+    if (rows, columns) != (len(output_pieces), len(source_pieces)):
+        raise ValueError(f"attention of shape {weights.shape} for {len(output_pieces)} output "
+                         f"and {len(source_pieces)} source pieces")
+    per_row = min(heads, 4)
+    panel_rows = -(-heads // per_row)
+    # Inches per panel: a fifth of an inch a piece (20 pixels), plus room for the labels.
+    width, height = 0.2 * columns + 1.2, 0.2 * rows + 1.2
+    figure = Figure(figsize=(per_row * width + 0.8, panel_rows * height), layout="constrained")
+    panels = figure.subplots(panel_rows, per_row, squeeze=False).ravel()
+    for head, axes in enumerate(panels[:heads]):
+        image = axes.matshow(weights[head], vmin=0.0, vmax=max(float(weights.max()), 1e-9))
+        axes.set_xticks(range(columns), source_pieces, rotation=90, fontsize=8)
+        axes.set_yticks(range(rows), output_pieces, fontsize=8)
+        axes.set_xlabel(f"Head {head + 1}")
+    for axes in panels[heads:]:
+        axes.set_axis_off()
+    figure.colorbar(image, ax=panels.tolist(), shrink=0.8, label="attention weight")
+    return figure
+
+
+def figure_to_image(figure: Figure) -> np.ndarray:
+    """A matplotlib figure rendered by Agg, as RGB uint8 `[height, width, 3]`."""
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()

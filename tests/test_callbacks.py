@@ -1,5 +1,5 @@
-"""Training callbacks without training: step summaries from scripted batch logs, the config field
-that turns them on."""
+"""Training callbacks without training: step summaries from scripted batch logs, the attention
+figure's panels and axis labels, the config field that turns step summaries on."""
 
 import dataclasses
 import types
@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import callbacks
-from keras_transformer.callbacks import StepSummaries
+from keras_transformer.callbacks import StepSummaries, attention_figure, figure_to_image
 from keras_transformer.config import ConfigError, ExperimentConfig, TrainConfig
 from keras_transformer.runs import Run
 
@@ -110,3 +110,38 @@ def test_another_log_every_steps_resumes_the_same_run(tmp_path):
     Run.create(dataclasses.replace(config, train=TrainConfig(log_every_steps=10)), tmp_path)
     with pytest.raises(ConfigError, match="differs in train.seed"):
         Run.create(dataclasses.replace(config, train=TrainConfig(seed=7)), tmp_path)
+
+
+SOURCE = ["<s>", "▁Ein", "▁Mann", "▁fährt", "▁Fahr", "rad", ".", "</s>"]
+OUTPUT = ["▁A", "▁man", "▁rides", "▁a", "▁bike", ".", "</s>"]
+
+
+def uniform_attention(heads):
+    return np.full((heads, len(OUTPUT), len(SOURCE)), 1.0 / len(SOURCE))
+
+
+@pytest.mark.parametrize("heads, rows", [(4, 1), (8, 2), (6, 2)])
+def test_attention_figure_has_a_panel_per_head_labelled_with_the_pieces(heads, rows):
+    figure = attention_figure(uniform_attention(heads), SOURCE, OUTPUT)
+    panels = [axes for axes in figure.axes if axes.get_label() != "<colorbar>"]
+    shown = [axes for axes in panels if axes.axison]
+    assert len(shown) == heads and len(panels) == rows * 4
+    for head, axes in enumerate(shown):
+        assert axes.get_xlabel() == f"Head {head + 1}"
+        assert [label.get_text() for label in axes.get_xticklabels()] == SOURCE
+        assert [label.get_text() for label in axes.get_yticklabels()] == OUTPUT
+        assert axes.images[0].get_array().shape == (len(OUTPUT), len(SOURCE))
+
+
+def test_attention_figure_refuses_pieces_that_do_not_fit_the_weights():
+    with pytest.raises(ValueError, match=r"attention of shape \(4, 7, 8\) for 6 output and 8"):
+        attention_figure(uniform_attention(4), SOURCE, OUTPUT[:-1])
+
+
+def test_attention_image_is_rgb_and_grows_with_the_heads():
+    four = figure_to_image(attention_figure(uniform_attention(4), SOURCE, OUTPUT))
+    eight = figure_to_image(attention_figure(uniform_attention(8), SOURCE, OUTPUT))
+    assert four.dtype == np.uint8 and four.shape[2] == 3
+    assert four.shape[1] > 800 and four.shape[0] > 200
+    assert eight.shape[0] > 1.8 * four.shape[0] and eight.shape[1] == four.shape[1]
+    assert len(np.unique(four.reshape(-1, 3), axis=0)) > 10  # drawn, not blank

@@ -75,8 +75,15 @@ def test_tensorboard_has_loss_learning_rate_bleu_and_translations(mirrored_run):
     table = validation_events["translations"][0].item().decode()
     assert table.startswith("| source | reference | translation |")
     assert len(table.splitlines()) == 2 + 5
-    image = validation_events["cross_attention"][0]
-    assert image.shape[0] == 3  # width, height and the encoded PNG
+    images = read_events(run_dir / "logs" / "validation", steps=True)["cross_attention"]
+    assert [epoch for epoch, _ in images] == [0, 1]
+    image = images[0][1]
+    assert image.shape == (3,)  # width, height and the encoded PNG
+    pixels = tf.io.decode_png(image[2]).numpy()
+    # Epoch 1's translation is empty: one row (END) under 21 source pieces, in 4 panels.
+    assert pixels.shape[2] == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 1000
+    assert (int(image[0]), int(image[1])) == (pixels.shape[1], pixels.shape[0])
+
 
 def test_tensorboard_has_loss_learning_rate_and_tokens_per_second_every_n_steps(mirrored_run):
     run_dir, history = mirrored_run
