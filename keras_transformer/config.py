@@ -166,6 +166,7 @@ class TrainConfig:
     jit_compile: bool = False
     validation_bleu_sentences: int = 200  # greedy-decoded each epoch for BLEU; 0 disables
     early_stopping_patience: Optional[int] = None  # epochs without BLEU improvement
+    log_every_steps: int = 50  # TensorBoard loss, learning rate, tokens/s every N steps; 0 disables
     seed: int = 1234
 
     def __post_init__(self):
@@ -173,6 +174,8 @@ class TrainConfig:
             _check_positive(f"train.{name}", getattr(self, name))
         if self.steps_per_epoch is not None:
             _check_positive("train.steps_per_epoch", self.steps_per_epoch)
+        if self.log_every_steps < 0:
+            raise ConfigError(f"train.log_every_steps={self.log_every_steps!r} must be >= 0")
         _check_probability("train.label_smoothing", self.label_smoothing)
         _check_choice("train.strategy", self.strategy,
                       ("auto", "mirrored", "multi_worker", "one_device", "tpu"))

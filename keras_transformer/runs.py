@@ -13,7 +13,7 @@ The folder, as `training.train` writes it:
     runs/NAME/checkpoints/epoch_NNN.weights.h5   weights after every epoch (for averaging)
     runs/NAME/last.weights.h5, best.weights.h5   last epoch, best epoch by validation BLEU
     runs/NAME/backup/                  BackupAndRestore state (preemption-safe resume)
-    runs/NAME/logs/{train,validation}  TensorBoard event files
+    runs/NAME/logs/{train,validation}  TensorBoard event files (and train_steps: every N steps)
 """
 
 from __future__ import annotations
@@ -187,11 +187,13 @@ def _epoch_of(path: Path) -> int:
 
 
 def _comparable(config: ExperimentConfig) -> dict:
-    """The config without what training fills in (vocabulary sizes) or may extend (epochs)."""
+    """The config without what training fills in (vocabulary sizes), may extend (epochs) or
+    only changes what TensorBoard shows (log_every_steps)."""
     values = config.to_dict()
     for key in ("source_vocab_size", "target_vocab_size"):
         values["model"].pop(key)
     values["train"].pop("epochs")
+    values["train"].pop("log_every_steps")
     return values
 
 

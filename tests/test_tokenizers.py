@@ -105,6 +105,26 @@ def test_reserved_ids_and_start_end(kind, sentencepiece_tokenizers, wordpiece_to
         assert vocab == [b"<pad>", b"<s>", b"</s>", b"<unk>"]
 
 
+@pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece"])
+def test_lookup_gives_the_pieces_of_the_ids(kind, sentencepiece_tokenizers, wordpiece_tokenizers):
+    tokenizer = {"sentencepiece": sentencepiece_tokenizers,
+                 "wordpiece": wordpiece_tokenizers}[kind][0]
+    sentences = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
+    ids = tokenizer.tokenize(sentences)
+    rows = [[piece.decode() for piece in row] for row in tokenizer.lookup(ids).to_list()]
+    assert [len(row) for row in rows] == ids.row_lengths().numpy().tolist()
+    start, end = {"sentencepiece": ("<s>", "</s>"), "wordpiece": ("[START]", "[END]")}[kind]
+    assert {(row[0], row[-1]) for row in rows} == {(start, end)}
+    if kind == "sentencepiece":  # "▁" marks a word's first piece
+        assert ["".join(row[1:-1]).replace("▁", " ").strip() for row in rows] == sentences
+    else:  # "##" marks a piece that continues a word
+        assert [" ".join(row[1:-1]).replace(" ##", "") for row in rows] == [
+            "Ein Mann fährt Fahrrad .", "Zwei Hunde spielen im Schnee ."]
+    padded = ids.to_tensor().numpy()  # [2, len], the shorter row padded with PAD_ID
+    pad = {"sentencepiece": b"<pad>", "wordpiece": b"[PAD]"}[kind]
+    assert set(tokenizer.lookup(padded).numpy()[padded == PAD_ID]) == {pad}
+
+
 def test_detokenize_drops_markers_and_cuts_at_first_end(sentencepiece_tokenizers):
     tokenizer, _ = sentencepiece_tokenizers
     words = tokenizer.tokenize(["A man rides a bike."])[0, 1:-1].numpy().tolist()

@@ -17,24 +17,28 @@ from keras_transformer import data as data_lib
 from keras_transformer import training
 from keras_transformer.config import ConfigError, ExperimentConfig
 from keras_transformer.runs import Run
+from keras_transformer.schedules import TransformerSchedule
 from keras_transformer.tokenizers import load_tokenizers
 
 
-def read_events(folder: Path) -> dict:
-    """{tag: [values]} of every summary in the event files of `folder`."""
+def read_events(folder: Path, steps: bool = False) -> dict:
+    """{tag: [values]} of every summary in the event files of `folder` ([(step, value)] with
+    `steps`)."""
     values = {}
     for path in sorted(folder.glob("events.out.tfevents.*")):
         for event in tf.compat.v1.train.summary_iterator(str(path)):
             for value in event.summary.value:
-                values.setdefault(value.tag, []).append(tf.make_ndarray(value.tensor))
+                array = tf.make_ndarray(value.tensor)
+                values.setdefault(value.tag, []).append((event.step, array) if steps else array)
     return values
 
 
 @pytest.fixture(scope="module")
 def mirrored_run(tiny_experiment, tmp_path_factory):
-    """A 2-epoch run of the tiny preset on Multi30k under MirroredStrategy on 2 CPU devices."""
+    """A 2-epoch run of 3 steps each of the tiny preset on Multi30k under MirroredStrategy on 2
+    CPU devices, with step summaries every 2 steps."""
     run_dir = tmp_path_factory.mktemp("run")
-    history = training.train(tiny_experiment(), run_dir, verbose=0)
+    history = training.train(tiny_experiment(log_every_steps=2), run_dir, verbose=0)
     return run_dir, history
 
 
@@ -71,8 +75,32 @@ def test_tensorboard_has_loss_learning_rate_bleu_and_translations(mirrored_run):
     table = validation_events["translations"][0].item().decode()
     assert table.startswith("| source | reference | translation |")
     assert len(table.splitlines()) == 2 + 5
-    image = validation_events["cross_attention"][0]
-    assert image.shape[0] == 3  # width, height and the encoded PNG
+    images = read_events(run_dir / "logs" / "validation", steps=True)["cross_attention"]
+    assert [epoch for epoch, _ in images] == [0, 1]
+    image = images[0][1]
+    assert image.shape == (3,)  # width, height and the encoded PNG
+    pixels = tf.io.decode_png(image[2]).numpy()
+    # Epoch 1's translation is empty: one row (END) under 21 source pieces, in 4 panels.
+    assert pixels.shape[2] == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 1000
+    assert (int(image[0]), int(image[1])) == (pixels.shape[1], pixels.shape[0])
+
+
+def test_tensorboard_has_loss_learning_rate_and_tokens_per_second_every_n_steps(mirrored_run):
+    run_dir, history = mirrored_run
+    steps = read_events(run_dir / "logs" / "train_steps", steps=True)
+    assert set(steps) == {"step_loss", "step_learning_rate", "step_tokens_per_second"}
+    for tag in steps:
+        assert [step for step, _ in steps[tag]] == [2, 4, 6], tag  # 2 epochs of 3 steps
+    config = Run(run_dir).config
+    schedule = TransformerSchedule(config.model.d_model, config.train.warmup_steps)
+    np.testing.assert_allclose([float(value) for _, value in steps["step_learning_rate"]],
+                               [float(schedule(step)) for step in (2, 4, 6)], rtol=1e-6)
+    # Means per token over a few steps of an epoch: near that epoch's mean (not a sum, nor a
+    # running mean of the whole run).
+    epoch_means = [history.history["loss"][epoch] for epoch in (0, 1, 1)]
+    assert [float(value) for _, value in steps["step_loss"]] == pytest.approx(epoch_means,
+                                                                               rel=0.2)
+    assert all(float(value) > 0 for _, value in steps["step_tokens_per_second"])
 
 
 def test_average_is_the_elementwise_mean(mirrored_run):
