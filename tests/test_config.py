@@ -1,4 +1,5 @@
-"""Config dataclasses: presets, validation errors that name field and value, YAML round trip."""
+"""Config dataclasses: presets, validation errors that name field and value, YAML round trip,
+files that extend a `base:` file."""
 
 import pytest
 
@@ -29,6 +30,52 @@ def test_every_experiment_file_loads_and_is_named_after_itself(path):
     config = ExperimentConfig.from_yaml(path)
     assert config.name == path.stem
     assert config.data.source_lang != config.data.target_lang
+
+
+def test_base_values_are_merged_section_by_section(tmp_path):
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "recipe.yaml").write_text(
+        "model: {preset: tutorial, dropout: 0.3, norm: pre}\n"
+        "train: {epochs: 10, warmup_steps: 500}\n")
+    path = tmp_path / "exp.yaml"
+    path.write_text("base: shared/recipe.yaml\nname: exp\nmodel: {dropout: 0.2}\n"
+                    "train: {epochs: 3}\ndata: {source_lang: en, target_lang: fr}\n")
+    config = ExperimentConfig.from_yaml(path, ["train.warmup_steps=50"])
+    assert (config.model.dropout, config.model.norm, config.model.d_model) == (0.2, "pre", 128)
+    assert (config.train.epochs, config.train.warmup_steps) == (3, 50)  # the file's, an override
+    assert (config.data.source_lang, config.data.target_lang) == ("en", "fr")
+    assert config.name == "exp"
+
+
+def test_bases_chain_and_the_nearest_file_wins(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "root.yaml").write_text(
+        "train: {epochs: 1, warmup_steps: 100, label_smoothing: 0.2}\n")
+    # Each base path is relative to the file that names it.
+    (tmp_path / "a" / "middle.yaml").write_text(
+        "base: b/root.yaml\ntrain: {epochs: 2, warmup_steps: 200}\n")
+    path = tmp_path / "exp.yaml"
+    path.write_text("base: a/middle.yaml\ntrain: {epochs: 3}\n")
+    train = ExperimentConfig.from_yaml(path).train
+    assert (train.epochs, train.warmup_steps, train.label_smoothing) == (3, 200, 0.2)
+
+
+def test_missing_base_names_both_files(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("base: base/nope.yaml\ntrain: {epochs: 3}\n")
+    with pytest.raises(ConfigError, match=r"exp\.yaml: base file not found: .*base/nope\.yaml"):
+        ExperimentConfig.from_yaml(path)
+
+
+def test_cycle_of_bases_is_an_error(tmp_path):
+    (tmp_path / "one.yaml").write_text("base: two.yaml\ntrain: {epochs: 1}\n")
+    (tmp_path / "two.yaml").write_text("base: one.yaml\ntrain: {epochs: 2}\n")
+    with pytest.raises(ConfigError, match=r"two\.yaml: base 'one.yaml' makes a cycle: "
+                                          r".*one\.yaml -> .*two\.yaml -> .*one\.yaml"):
+        ExperimentConfig.from_yaml(tmp_path / "one.yaml")
+    (tmp_path / "self.yaml").write_text("base: self.yaml\n")
+    with pytest.raises(ConfigError, match="makes a cycle"):
+        ExperimentConfig.from_yaml(tmp_path / "self.yaml")
 
 
 def test_preset_overrides():
