@@ -2,6 +2,7 @@
 files that extend a `base:` file."""
 
 import pytest
+import yaml
 
 from keras_transformer.config import (
     REPO_ROOT,
@@ -30,6 +31,44 @@ def test_every_experiment_file_loads_and_is_named_after_itself(path):
     config = ExperimentConfig.from_yaml(path)
     assert config.name == path.stem
     assert config.data.source_lang != config.data.target_lang
+
+
+# Values that differ between the three Multi30k experiments (each file's own) and values that
+# all three take from experiments/base/multi30k.yaml.
+MULTI30K_OWN = {
+    "multi30k_de_en": dict(source_lang="de", target_lang="en", epochs=70, sp_nbest_size=0,
+                           sp_alpha=0.1),
+    "multi30k_en_de": dict(source_lang="en", target_lang="de", epochs=75, sp_nbest_size=-1,
+                           sp_alpha=0.5),
+    "multi30k_en_fr": dict(source_lang="en", target_lang="fr", epochs=50, sp_nbest_size=0,
+                           sp_alpha=0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MULTI30K_OWN))
+def test_multi30k_experiments_extend_the_shared_base(name):
+    path = REPO_ROOT / "experiments" / f"{name}.yaml"
+    assert yaml.safe_load(path.read_text())["base"] == "base/multi30k.yaml"
+    config = ExperimentConfig.from_yaml(path)
+    own = MULTI30K_OWN[name]
+    assert config.name == name
+    assert (config.data.source_lang, config.data.target_lang) == (own["source_lang"],
+                                                                  own["target_lang"])
+    assert config.train.epochs == own["epochs"]
+    assert (config.data.sp_nbest_size, config.data.sp_alpha) == (own["sp_nbest_size"],
+                                                                 own["sp_alpha"])
+    assert (config.decode.beam_size, config.decode.alpha) == (6, 1.4)
+    # From the base (and the tutorial preset it names), the same in all three.
+    model = config.model
+    assert (model.num_layers, model.d_model, model.dff, model.num_heads) == (4, 128, 512, 8)
+    assert (model.norm, model.share_embeddings, model.dropout) == ("pre", "all", 0.3)
+    data = config.data
+    assert (data.dataset, data.tokenizer, data.vocab_size) == ("multi30k", "sentencepiece", 8000)
+    assert (data.max_length, data.tokens_per_batch) == (128, 4096)
+    train = config.train
+    assert (train.steps_per_epoch, train.warmup_steps, train.learning_rate_scale) == (170, 500, 0.5)
+    assert (train.label_smoothing, train.precision, train.validation_bleu_sentences) == (
+        0.1, "auto", 300)
 
 
 def test_base_values_are_merged_section_by_section(tmp_path):
