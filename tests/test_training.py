@@ -95,6 +95,29 @@ def test_average_is_the_elementwise_mean(mirrored_run):
         training.average_checkpoints(run_dir, 2, upper_bound=1)
 
 
+def test_loading_a_run_without_best_weights_falls_back_to_last(mirrored_run, tmp_path):
+    """A run without validation BLEU (train.validation_bleu_sentences: 0) writes no
+    best.weights.h5: loading its "best" model (the default of export, translate and evaluate)
+    uses last.weights.h5. Here a copy of the run whose last weights are epoch 1's."""
+    import shutil
+
+    run_dir, _ = mirrored_run
+    first, second = training.epoch_checkpoints(run_dir)
+    shutil.copy(run_dir / "config.yaml", tmp_path / "config.yaml")
+    shutil.copy(first, tmp_path / "last.weights.h5")
+    expected = training.load_trained_model(run_dir, str(first)).get_weights()
+    later = training.load_trained_model(run_dir, str(second)).get_weights()
+    assert any(not np.array_equal(a, b) for a, b in zip(expected, later))
+    assert not (tmp_path / "best.weights.h5").exists()
+    for weights in ("best", "last"):
+        loaded = training.load_trained_model(tmp_path, weights).get_weights()
+        for got, want in zip(loaded, expected):
+            np.testing.assert_array_equal(got, want)
+    (tmp_path / "last.weights.h5").unlink()
+    with pytest.raises(ConfigError, match=r"no weights at .*last\.weights\.h5"):
+        training.load_trained_model(tmp_path)
+
+
 def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, tmp_path,
                                                                capsys):
     config = tiny_experiment(epochs=1, steps_per_epoch=2,
