@@ -139,6 +139,28 @@ def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, 
         keras.config.set_dtype_policy("float32")
 
 
+def test_mixed_float16_run_computes_in_float16_with_float32_weights(tiny_experiment, tmp_path):
+    """mixed_float16 (what `precision: auto` picks on GPUs of compute capability 7.x): float16
+    activations, float32 variables and logits, a loss-scaling optimizer against float16
+    underflow, a finite loss, and the global dtype policy restored after training."""
+    config = tiny_experiment(epochs=1, steps_per_epoch=2, precision="mixed_float16",
+                             validation_bleu_sentences=0, strategy="one_device")
+    assert keras.config.dtype_policy().name == "float32"
+    history = training.train(config, tmp_path, verbose=0)
+    assert keras.config.dtype_policy().name == "float32"  # restored after training
+    assert np.isfinite(history.history["loss"][0]) and np.isfinite(history.history["val_loss"][0])
+    model = history.model
+    assert model.dtype_policy.name == "mixed_float16"
+    assert (model.compute_dtype, model.variable_dtype) == ("float16", "float32")
+    assert {variable.dtype for variable in model.trainable_weights} == {"float32"}
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert int(model.optimizer.iterations.numpy()) == 2
+    source, target_in = np.ones((1, 4), "int32"), np.ones((1, 3), "int32")
+    embedded = model.target_embedding(target_in)  # a sublayer's output: float16
+    assert embedded.dtype == "float16"
+    assert model((source, target_in)).dtype == "float32"  # logits for the loss and the search
+
+
 @pytest.mark.parametrize("flags, native", [
     ("fpu sse2 avx2 fma avx512f amx_bf16 amx_tile", True),  # Sapphire Rapids
     ("fpu sse2 avx2 avx512f avx512_bf16", True),  # Cooper Lake, Zen 4
