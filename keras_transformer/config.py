@@ -9,6 +9,10 @@ A run is described by an experiment YAML file (`experiments/NAME.yaml`) with the
     data: {dataset: multi30k, source_lang: de, target_lang: en}
     train: {epochs: 20}
 
+A file may extend another with `base: PATH` (relative to the file; bases may have bases): the
+sections are merged key by key and the file's own values win, so experiments that share a recipe
+keep it in one place (`experiments/base/`).
+
 Every value is checked when the config is built; errors name the field and the value.
 """
 
@@ -221,13 +225,9 @@ class ExperimentConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, overrides: list[str] = ()) -> "ExperimentConfig":
-        """Loads an experiment file; `overrides` are `section.key=value` strings (YAML values)."""
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        values = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(values, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections, got {type(values).__name__}")
+        """Loads an experiment file and its `base:` chain; `overrides` are `section.key=value`
+        strings (YAML values), applied last."""
+        values = load_yaml_with_bases(path)
         for override in overrides:
             apply_override(values, override)
         return cls.from_dict(values)
@@ -237,6 +237,43 @@ class ExperimentConfig:
 
     def to_yaml(self, path: str | os.PathLike) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def load_yaml_with_bases(path: str | os.PathLike, _named_by: tuple[Path, ...] = ()) -> dict:
+    """The values of a config file with those of its `base:` file (a path relative to it, whose
+    own base is resolved the same way) merged in: section by section, key by key, the file's
+    values winning. A missing base or a cycle of bases is a ConfigError naming the files."""
+    path = Path(path)
+    if not path.is_file():
+        if _named_by:
+            raise ConfigError(f"{_named_by[-1]}: base file not found: {path}")
+        raise ConfigError(f"config file not found: {path}")
+    values = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(values).__name__}")
+    base = values.pop("base", None)
+    if base is None:
+        return values
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base={base!r} must be a path to a YAML file")
+    chain = (*_named_by, path)
+    base_path = path.parent / base
+    if base_path.is_file() and any(base_path.samefile(p) for p in chain):
+        cycle = " -> ".join(str(p) for p in (*chain, base_path))
+        raise ConfigError(f"{path}: base {base!r} makes a cycle: {cycle}")
+    return merge_sections(load_yaml_with_bases(base_path, chain), values)
+
+
+def merge_sections(base: dict, values: dict) -> dict:
+    """`base` updated by `values`, recursively for mappings (a section that `values` leaves
+    empty keeps the base's keys); neither input is changed."""
+    merged = dict(base)
+    for key, value in values.items():
+        if isinstance(merged.get(key), dict) and (value is None or isinstance(value, dict)):
+            merged[key] = merge_sections(merged[key], value or {})
+        else:
+            merged[key] = value
+    return merged
 
 
 def load_preset(name: str) -> dict:

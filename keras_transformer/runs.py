@@ -113,7 +113,9 @@ class Run:
             path = Path(weights)
         else:
             path = self.weights_file(weights)
-            if weights == "best" and not path.exists() and self.weights_file("last").exists():
+            if weights == "best" and not path.exists():
+                if not self.weights_file("last").exists():
+                    raise ConfigError(f"no weights at {path} or {self.weights_file('last')}")
                 logger.warning("%s has no best weights (%s); using the last epoch's",
                                self.path, path.name)
                 path = self.weights_file("last")

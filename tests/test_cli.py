@@ -15,11 +15,25 @@ def test_info_prints_versions_and_preset_parameters(capsys):
     assert "preset base: 6 layers, d_model 512" in out and "63,082,496 parameters" in out
 
 
-def test_console_script_is_installed():
-    result = subprocess.run([sys.executable, "-m", "keras_transformer.cli", "info", "--preset",
-                             "tiny"], capture_output=True, text=True, timeout=120)
+SUBCOMMANDS = ("info", "build-vocab", "data-stats", "train", "average", "export", "translate",
+               "evaluate", "tune-search")
+
+
+def test_help_in_a_subprocess_lists_every_subcommand():
+    result = subprocess.run([sys.executable, "-m", "keras_transformer.cli", "--help"],
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "preset tiny: 2 layers" in result.stdout
+    assert result.stdout.startswith("usage: keras-transformer")
+    for command in SUBCOMMANDS:
+        assert f"    {command} " in result.stdout, command  # one help line per subcommand
+
+
+def test_console_script_is_installed_and_points_to_main():
+    from importlib.metadata import entry_points
+
+    scripts = entry_points(group="console_scripts", name="keras-transformer")
+    assert len(scripts) == 1, "keras-transformer is not installed (pip install -e .)"
+    assert next(iter(scripts)).load() is cli.main
 
 
 def test_unknown_preset_is_a_one_line_error(capsys):

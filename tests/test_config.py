@@ -1,6 +1,8 @@
-"""Config dataclasses: presets, validation errors that name field and value, YAML round trip."""
+"""Config dataclasses: presets, validation errors that name field and value, YAML round trip,
+files that extend a `base:` file."""
 
 import pytest
+import yaml
 
 from keras_transformer.config import (
     REPO_ROOT,
@@ -29,6 +31,90 @@ def test_every_experiment_file_loads_and_is_named_after_itself(path):
     config = ExperimentConfig.from_yaml(path)
     assert config.name == path.stem
     assert config.data.source_lang != config.data.target_lang
+
+
+# Values that differ between the three Multi30k experiments (each file's own) and values that
+# all three take from experiments/base/multi30k.yaml.
+MULTI30K_OWN = {
+    "multi30k_de_en": dict(source_lang="de", target_lang="en", epochs=70, sp_nbest_size=0,
+                           sp_alpha=0.1),
+    "multi30k_en_de": dict(source_lang="en", target_lang="de", epochs=75, sp_nbest_size=-1,
+                           sp_alpha=0.5),
+    "multi30k_en_fr": dict(source_lang="en", target_lang="fr", epochs=50, sp_nbest_size=0,
+                           sp_alpha=0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MULTI30K_OWN))
+def test_multi30k_experiments_extend_the_shared_base(name):
+    path = REPO_ROOT / "experiments" / f"{name}.yaml"
+    assert yaml.safe_load(path.read_text())["base"] == "base/multi30k.yaml"
+    config = ExperimentConfig.from_yaml(path)
+    own = MULTI30K_OWN[name]
+    assert config.name == name
+    assert (config.data.source_lang, config.data.target_lang) == (own["source_lang"],
+                                                                  own["target_lang"])
+    assert config.train.epochs == own["epochs"]
+    assert (config.data.sp_nbest_size, config.data.sp_alpha) == (own["sp_nbest_size"],
+                                                                 own["sp_alpha"])
+    assert (config.decode.beam_size, config.decode.alpha) == (6, 1.4)
+    # From the base (and the tutorial preset it names), the same in all three.
+    model = config.model
+    assert (model.num_layers, model.d_model, model.dff, model.num_heads) == (4, 128, 512, 8)
+    assert (model.norm, model.share_embeddings, model.dropout) == ("pre", "all", 0.3)
+    data = config.data
+    assert (data.dataset, data.tokenizer, data.vocab_size) == ("multi30k", "sentencepiece", 8000)
+    assert (data.max_pair_length, data.tokens_per_batch) == (128, 4096)
+    train = config.train
+    assert (train.steps_per_epoch, train.warmup_steps, train.learning_rate_scale) == (170, 500, 0.5)
+    assert (train.label_smoothing, train.precision, train.validation_bleu_sentences) == (
+        0.1, "auto", 300)
+
+
+def test_base_values_are_merged_section_by_section(tmp_path):
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "recipe.yaml").write_text(
+        "model: {preset: tutorial, dropout: 0.3, norm: pre}\n"
+        "train: {epochs: 10, warmup_steps: 500}\n")
+    path = tmp_path / "exp.yaml"
+    path.write_text("base: shared/recipe.yaml\nname: exp\nmodel: {dropout: 0.2}\n"
+                    "train: {epochs: 3}\ndata: {source_lang: en, target_lang: fr}\n")
+    config = ExperimentConfig.from_yaml(path, ["train.warmup_steps=50"])
+    assert (config.model.dropout, config.model.norm, config.model.d_model) == (0.2, "pre", 128)
+    assert (config.train.epochs, config.train.warmup_steps) == (3, 50)  # the file's, an override
+    assert (config.data.source_lang, config.data.target_lang) == ("en", "fr")
+    assert config.name == "exp"
+
+
+def test_bases_chain_and_the_nearest_file_wins(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "root.yaml").write_text(
+        "train: {epochs: 1, warmup_steps: 100, label_smoothing: 0.2}\n")
+    # Each base path is relative to the file that names it.
+    (tmp_path / "a" / "middle.yaml").write_text(
+        "base: b/root.yaml\ntrain: {epochs: 2, warmup_steps: 200}\n")
+    path = tmp_path / "exp.yaml"
+    path.write_text("base: a/middle.yaml\ntrain: {epochs: 3}\n")
+    train = ExperimentConfig.from_yaml(path).train
+    assert (train.epochs, train.warmup_steps, train.label_smoothing) == (3, 200, 0.2)
+
+
+def test_missing_base_names_both_files(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("base: base/nope.yaml\ntrain: {epochs: 3}\n")
+    with pytest.raises(ConfigError, match=r"exp\.yaml: base file not found: .*base/nope\.yaml"):
+        ExperimentConfig.from_yaml(path)
+
+
+def test_cycle_of_bases_is_an_error(tmp_path):
+    (tmp_path / "one.yaml").write_text("base: two.yaml\ntrain: {epochs: 1}\n")
+    (tmp_path / "two.yaml").write_text("base: one.yaml\ntrain: {epochs: 2}\n")
+    with pytest.raises(ConfigError, match=r"two\.yaml: base 'one.yaml' makes a cycle: "
+                                          r".*one\.yaml -> .*two\.yaml -> .*one\.yaml"):
+        ExperimentConfig.from_yaml(tmp_path / "one.yaml")
+    (tmp_path / "self.yaml").write_text("base: self.yaml\n")
+    with pytest.raises(ConfigError, match="makes a cycle"):
+        ExperimentConfig.from_yaml(tmp_path / "self.yaml")
 
 
 def test_preset_overrides():

@@ -393,3 +393,64 @@ def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
         cli.main(["tune-search", "--run", str(run_dir), "--source", str(source),
                   "--reference", str(reference), "--alpha", "0.6,-1"])
     assert "every alpha must be >= 0" in err.getvalue()
+
+
+# Last in this file: training seeds TensorFlow (`keras.utils.set_random_seed`), which destroys the
+# SentencePiece resources of the module's tokenizers loaded before it (see tests/conftest.py).
+@pytest.fixture(scope="module")
+def wordpiece_run(wordpiece_vocab, tmp_path_factory):
+    """A tiny run trained for two steps with case-preserving WordPiece vocabularies, one per
+    language (so only the decoder's embedding is tied to the output projection)."""
+    import dataclasses
+
+    from keras_transformer import training
+    from keras_transformer.config import ModelConfig, TrainConfig
+
+    data_config, vocab_dir = wordpiece_vocab
+    config = ExperimentConfig(
+        name="tiny_wordpiece",
+        model=ModelConfig.from_preset("tiny", share_embeddings="target"),
+        data=dataclasses.replace(data_config, vocab_dir=str(vocab_dir)),
+        train=TrainConfig(epochs=1, steps_per_epoch=2, warmup_steps=10, strategy="one_device",
+                          validation_bleu_sentences=0),
+        decode=DecodeConfig(beam_size=2, max_extra_length=6))
+    run = tmp_path_factory.mktemp("wordpiece_run")
+    training.train(config, run, verbose=0)
+    return run
+
+
+def test_wordpiece_run_exports_and_translates_after_reloading(wordpiece_run, tmp_path):
+    """Train -> export (CLI) -> reload in a fresh process -> translate, with WordPiece: the
+    reloaded signatures give the eager Translator's outputs, the vocabularies travel as assets,
+    and the graph's tokenizer ops are WordPiece ones that TF Serving links."""
+    from keras_transformer.translator import translator_from_run
+
+    models = tmp_path / "saved_models" / "wordpiece"
+    code, out, err = run_cli(["export", "--run", str(wordpiece_run), "--output", str(models)])
+    assert code == 0, err
+    export = models / "1"
+    assets = {p.name for p in (export / "assets").iterdir()}
+    assert {"wordpiece.de.vocab", "wordpiece.en.vocab"} <= assets, assets
+
+    translator = translator_from_run(wordpiece_run)
+    sentences = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Schnee.", "Hallo"]
+    source = tf.constant(sentences)
+    # Beam search (serving_default) and greedy; the other signatures share their code paths,
+    # which the SentencePiece tests above cover.
+    functions = {"serving_default": translator, "translate_greedy": translator.translate_greedy}
+    eager = {name: {k: v.numpy() for k, v in function(source).items()}
+             for name, function in functions.items()}
+    translations = [t.decode() for t in eager["translate_greedy"]["translation"]]
+    assert all(translations) and len(set(translations)) > 1, translations  # words, not nothing
+
+    result = subprocess.run(
+        [sys.executable, "-c", _RELOAD_SCRIPT, str(export), json.dumps(sentences),
+         json.dumps(list(functions))], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    reloaded = json.loads(result.stdout.split("RESULT", 1)[1])
+    for name in functions:
+        assert_same_outputs(reloaded["outputs"][name], eager[name], name)
+    ops = graph_ops(export)
+    assert not ops - set(reloaded["core_ops"]) - SERVING_TF_TEXT_OPS
+    assert {op for op in ops & SERVING_TF_TEXT_OPS if "ordpiece" in op}  # WordPiece, not SP
+    assert not {op for op in ops if "entencepiece" in op}

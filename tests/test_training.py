@@ -123,6 +123,31 @@ def test_average_is_the_elementwise_mean(mirrored_run):
         Run(run_dir).average(2, upper_bound=1)
 
 
+def test_loading_a_run_without_best_weights_falls_back_to_last(mirrored_run, tmp_path, caplog):
+    """A run without validation BLEU (train.validation_bleu_sentences: 0) writes no
+    best.weights.h5: loading its "best" model (the default of export, translate and evaluate)
+    uses last.weights.h5. Here a copy of the run whose last weights are epoch 1's."""
+    import shutil
+
+    run_dir, _ = mirrored_run
+    first, second = Run(run_dir).epoch_checkpoints()
+    shutil.copy(run_dir / "config.yaml", tmp_path / "config.yaml")
+    shutil.copy(first, tmp_path / "last.weights.h5")
+    model = Run(run_dir).load_model(str(first))
+    expected = model.get_weights()
+    model.load_weights(second)
+    assert any(not np.array_equal(a, b) for a, b in zip(expected, model.get_weights()))
+    assert not (tmp_path / "best.weights.h5").exists()
+    with caplog.at_level("WARNING", logger="keras_transformer.runs"):
+        loaded = Run(tmp_path).load_model()
+    assert "has no best weights (best.weights.h5); using the last epoch's" in caplog.text
+    for got, want in zip(loaded.get_weights(), expected):
+        np.testing.assert_array_equal(got, want)
+    (tmp_path / "last.weights.h5").unlink()
+    with pytest.raises(ConfigError, match=r"no weights at .*best\.weights\.h5 or .*last\.weights\.h5"):
+        Run(tmp_path).load_model()
+
+
 def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, tmp_path,
                                                                capsys):
     config = tiny_experiment(epochs=1, steps_per_epoch=2,
@@ -142,6 +167,28 @@ def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, 
         assert logits.dtype == "float32"
     finally:
         keras.config.set_dtype_policy("float32")
+
+
+def test_mixed_float16_run_computes_in_float16_with_float32_weights(tiny_experiment, tmp_path):
+    """mixed_float16 (what `precision: auto` picks on GPUs of compute capability 7.x): float16
+    activations, float32 variables and logits, a loss-scaling optimizer against float16
+    underflow, a finite loss, and the global dtype policy restored after training."""
+    config = tiny_experiment(epochs=1, steps_per_epoch=2, precision="mixed_float16",
+                             validation_bleu_sentences=0, strategy="one_device")
+    assert keras.config.dtype_policy().name == "float32"
+    history = training.train(config, tmp_path, verbose=0)
+    assert keras.config.dtype_policy().name == "float32"  # restored after training
+    assert np.isfinite(history.history["loss"][0]) and np.isfinite(history.history["val_loss"][0])
+    model = history.model
+    assert model.dtype_policy.name == "mixed_float16"
+    assert (model.compute_dtype, model.variable_dtype) == ("float16", "float32")
+    assert {variable.dtype for variable in model.trainable_weights} == {"float32"}
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert int(model.optimizer.iterations.numpy()) == 2
+    source, target_in = np.ones((1, 4), "int32"), np.ones((1, 3), "int32")
+    embedded = model.target_embedding(target_in)  # a sublayer's output: float16
+    assert embedded.dtype == "float16"
+    assert model((source, target_in)).dtype == "float32"  # logits for the loss and the search
 
 
 @pytest.mark.parametrize("flags, native", [
