@@ -16,8 +16,9 @@ from tensorflow.core.protobuf import saved_model_pb2
 from keras_transformer import cli
 from keras_transformer.config import DecodeConfig, ExperimentConfig
 from keras_transformer.tokenizers import SERVING_TF_TEXT_OPS
-from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, WARMUP_FILE, Translator,
-                                          export_translator, load_translator, uncompiled_copy)
+from keras_transformer.export import (WARMUP_FILE, export_translator, load_translator,
+                                      uncompiled_copy)
+from keras_transformer.translator import SIGNATURE_INPUT, SIGNATURES, Translator
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "", "  ", "Zwei Hunde spielen im Schnee.",
              " ".join(["Wort"] * 2000), "漢字 ☃ 🙂", "Hallo"]
