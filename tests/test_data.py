@@ -13,10 +13,11 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_transformer import multi30k
+from keras_transformer.cli import format_data_stats
 from keras_transformer.config import DATA_ENV, ConfigError, DataConfig
 from keras_transformer.data import (DataError, batch_stats, bucket_batch_sizes, bucket_lengths,
                                     fixed_size_batches, load_pairs, make_batches, pair_stats,
-                                    read_parallel_lines, data_stats, format_data_stats)
+                                    read_parallel_lines, data_stats)
 from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID, training_tokenizers
 
 tfds.display_progress_bar(False)
