@@ -298,7 +298,7 @@ def run_dir(random_translation_model, sentencepiece_vocab, tmp_path_factory):
 def run_cli(argv, stdin=""):
     out, err = io.StringIO(), io.StringIO()
     old_stdin = sys.stdin
-    sys.stdin = io.StringIO(stdin)
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8")
     try:
         with redirect_stdout(out), redirect_stderr(err):
             code = cli.main(argv)
