@@ -16,6 +16,10 @@ TensorFlow is imported only when a subcommand runs (so `--help` and `--version` 
 and its start-up logging is silenced unless `--verbose` is given. A user's mistake (a missing
 file, a bad config value, bad data) is one line on stderr and exit code 2; a traceback means a
 bug, and `--verbose` shows the traceback of every error.
+
+`translate` and `evaluate` read their input as bytes: bytes that are not UTF-8 become U+FFFD
+(with a warning line naming the file and line), CR before LF is dropped, and every input line,
+empty or not, gives exactly one output line.
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ from keras_transformer import __version__
 from keras_transformer.config import ConfigError
 from keras_transformer.text_io import DataError
 
-# Errors that are the user's to fix: printed as one line, exit code 2.
-USER_ERRORS = (ConfigError, DataError, FileNotFoundError, FileExistsError)
+# Errors that are the user's to fix: printed as one line, exit code 2. OSError holds
+# FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError and a SavedModel whose
+# saved_model.pb does not parse.
+USER_ERRORS = (ConfigError, DataError, OSError)
+MAX_WARNINGS = 10  # invalid UTF-8 lines listed one by one on stderr, then counted
 
 
 def _info(args) -> int:
@@ -205,17 +212,56 @@ def _translate_lines(args, lines):
                            workers=args.workers)
 
 
-def _read_lines(path) -> list[str]:
-    """The lines of a plain or .gz UTF-8 file (errors name the file and line)."""
-    from keras_transformer.text_io import read_lines
-
+def _read_lines(path, command: str) -> list[str]:
+    """The lines of a plain or .gz file (see `_read_user_lines`); DataError if it has none."""
+    if os.path.isdir(path):
+        raise DataError(f"{path} is a folder, not a text file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file")
-    return list(read_lines(path))
+    lines = _read_user_lines(path, command)
+    if not lines:
+        raise DataError(f"{path}: empty file, no lines")
+    return lines
 
 
-def _read_aligned(source_path, reference_path) -> tuple[list[str], list[str]]:
-    sources, references = _read_lines(source_path), _read_lines(reference_path)
+def _read_user_lines(path, command: str) -> list[str]:
+    """`text_io.read_user_lines(path)` (None: standard input), its warnings about bytes that are
+    not UTF-8 printed as one line each on stderr (`keras-transformer translate: warning:
+    <stdin>:3: not valid UTF-8 ...`), at most MAX_WARNINGS, then their count."""
+    from keras_transformer.text_io import InvalidUtf8Warning, read_user_lines
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InvalidUtf8Warning)
+        lines = read_user_lines(path)
+    invalid = [w for w in caught if issubclass(w.category, InvalidUtf8Warning)]
+    for warning in invalid[:MAX_WARNINGS]:
+        print(f"keras-transformer {command}: warning: {warning.message}", file=sys.stderr)
+    if len(invalid) > MAX_WARNINGS:
+        print(f"keras-transformer {command}: warning: {len(invalid) - MAX_WARNINGS} more lines "
+              f"of {'<stdin>' if path is None else path} not valid UTF-8", file=sys.stderr)
+    for warning in caught:
+        if warning not in invalid:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno)
+    return lines
+
+
+def _write_lines(lines) -> None:
+    """Writes each item as exactly one line (`text_io.one_line`) to stdout, in UTF-8 whatever
+    the locale's encoding."""
+    from keras_transformer.text_io import one_line
+
+    data = "".join(one_line(line) + "\n" for line in lines)
+    sys.stdout.flush()
+    if hasattr(sys.stdout, "buffer"):
+        sys.stdout.buffer.write(data.encode("utf-8"))
+        sys.stdout.buffer.flush()
+    else:  # a text stream without bytes underneath (e.g. io.StringIO)
+        sys.stdout.write(data)
+
+
+def _read_aligned(source_path, reference_path, command: str) -> tuple[list[str], list[str]]:
+    sources, references = _read_lines(source_path, command), _read_lines(reference_path, command)
     if len(sources) != len(references):
         raise ConfigError(f"{source_path} has {len(sources)} lines but {reference_path} has "
                           f"{len(references)}")
@@ -223,9 +269,8 @@ def _read_aligned(source_path, reference_path) -> tuple[list[str], list[str]]:
 
 
 def _translate(args) -> int:
-    lines = [line.rstrip("\n") for line in sys.stdin]
-    for translation in _translate_lines(args, lines):
-        sys.stdout.write(translation.replace("\n", " ") + "\n")
+    lines = _read_user_lines(None, args.command)
+    _write_lines(_translate_lines(args, lines))
     return 0
 
 
@@ -233,7 +278,7 @@ def _evaluate(args) -> int:
     from keras_transformer.evaluation import score
     from keras_transformer.text_io import write_lines
 
-    sources, references = _read_aligned(args.source, args.reference)
+    sources, references = _read_aligned(args.source, args.reference, args.command)
     hypotheses = _translate_lines(args, sources)
     if args.output:
         write_lines(args.output, hypotheses)
@@ -248,7 +293,7 @@ def _tune_search(args) -> int:
 
     from keras_transformer.translator import translator_from_run, tune_search
 
-    sources, references = _read_aligned(args.source, args.reference)
+    sources, references = _read_aligned(args.source, args.reference, args.command)
     translator = translator_from_run(args.run_dir, weights=args.weights)
     tuned = tune_search(translator, sources, references, args.beam, args.alpha,
                         batch_size=args.batch_size, workers=args.workers)
@@ -431,8 +476,14 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as error:
         if args.verbose:
             raise
-        print(f"keras-transformer {args.command}: error: {error}", file=sys.stderr)
+        print(f"keras-transformer {args.command}: error: {_first_line(error)}", file=sys.stderr)
         return 2
+
+
+def _first_line(error: BaseException) -> str:
+    """The first non-empty line of an error's message (TensorFlow's run on for pages)."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
 
 
 if __name__ == "__main__":

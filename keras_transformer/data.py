@@ -12,7 +12,8 @@ Sources (`DataConfig.dataset`):
   whose examples are {lang: text} dicts; `source_lang`/`target_lang` pick the direction.
 
 Policies (nothing is lost silently: `pair_stats` counts every pair as kept or dropped by reason):
-- every line is stripped of surrounding whitespace;
+- every line's whitespace is normalized (`tokenizers.normalize_whitespace`: runs of Unicode
+  whitespace become one space, none at either end), as the Translator normalizes its inputs;
 - a pair with an empty source or target is dropped (reason "empty"); for local files the first
   line numbers are logged when the files are checked;
 - a pair whose source or target, in tokens including START and END, is longer than
@@ -36,7 +37,7 @@ import tensorflow_datasets as tfds
 from keras_transformer.config import ConfigError, DataConfig
 from keras_transformer.text_io import DataError, read_parallel_lines  # noqa: F401  (DataError: re-exported)
 from keras_transformer.tokenizers import (UNK_ID, Tokenizer, build_tokenizers,
-                                          load_tokenizers)
+                                          load_tokenizers, normalize_whitespace)
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +145,8 @@ def _select_languages(examples: tf.data.Dataset, data_config: DataConfig, name: 
 
 
 def load_pairs(data_config: DataConfig, split: str) -> tf.data.Dataset:
-    """(source_text, target_text) pairs of `split`: two scalar tf.string, whitespace-stripped.
+    """(source_text, target_text) pairs of `split`: two scalar tf.string, whitespace-normalized
+    (`normalize_whitespace`, the Translator's normalization of its inputs).
 
     Pairs with an empty side are kept here and dropped (and counted) by `make_batches`/`pair_stats`.
     """
@@ -154,7 +156,7 @@ def load_pairs(data_config: DataConfig, split: str) -> tf.data.Dataset:
         pairs = _load_multi30k(data_config, split)
     else:
         pairs = _load_tfds(data_config, split)
-    return pairs.map(lambda s, t: (tf.strings.strip(s), tf.strings.strip(t)),
+    return pairs.map(lambda s, t: (normalize_whitespace(s), normalize_whitespace(t)),
                      num_parallel_calls=AUTOTUNE)
 
 

@@ -60,6 +60,21 @@ SERVING_TF_TEXT_OPS = frozenset({
 
 STRINGS_SPEC = tf.TensorSpec([None], tf.string)
 
+# The characters of Python's str.isspace() (the Unicode White_Space characters plus the ASCII
+# separators U+001C-U+001F), so that the graph and Python's str.split()/strip() agree on words.
+_WHITESPACE = (r"[\t-\r\x{1c}-\x{20}\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}"
+               r"\x{202f}\x{205f}\x{3000}]+")
+
+
+def normalize_whitespace(strings):
+    """string [...] -> string [...]: every run of Unicode whitespace (tabs, newlines, repeated
+    or no-break spaces, ...) becomes one ASCII space, and leading/trailing whitespace is removed.
+
+    The one normalization of text before tokenizing, for training pairs (`data.load_pairs`) and
+    translator inputs alike. Bytes that are not UTF-8 are left as they are.
+    """
+    return tf.strings.strip(tf.strings.regex_replace(strings, _WHITESPACE, " "))
+
 
 class Tokenizer(tf.Module):
     """Strings <-> subword ids with reserved PAD/START/END/UNK ids; exportable with tf.saved_model.

@@ -1,7 +1,10 @@
 """The `keras-transformer` command line."""
 
+import io
 import subprocess
 import sys
+
+import pytest
 
 from keras_transformer import cli
 from keras_transformer.training import resolve_precision
@@ -65,3 +68,137 @@ def test_build_vocab_then_data_stats(tmp_path, multi30k_dir, capsys):
     assert cli.main(["data-stats", "--config", str(config), "--vocab", str(vocab)]) == 0
     report = capsys.readouterr().out
     assert "files de->en" in report and "400" in report and "padding" in report
+
+
+# ----------------------------------------------------------------------------- translate, evaluate
+
+@pytest.fixture(scope="module")
+def exported_model(random_translation_model, tmp_path_factory):
+    """A SavedModel of the random tiny model (beam 2), without warmup requests."""
+    from keras_transformer.config import DecodeConfig
+    from keras_transformer.export import export_translator
+    from keras_transformer.translator import Translator
+
+    model, tokenizer = random_translation_model
+    translator = Translator(model, tokenizer, tokenizer,
+                            DecodeConfig(beam_size=2, max_extra_length=8))
+    return export_translator(translator, tmp_path_factory.mktemp("models") / "demo" / "1",
+                             warmup_sentences=None)
+
+
+def run_cli(monkeypatch, capsys, argv, stdin: bytes = b""):
+    """cli.main(argv) with `stdin` as standard input: (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def expected_translations(export_dir, lines, function="translate_beam"):
+    from keras_transformer.export import load_translator
+    from keras_transformer.translator import translate_texts
+
+    loaded = load_translator(export_dir)
+    return translate_texts(getattr(loaded, function), lines)
+
+
+def test_translate_gives_one_line_per_input_line(exported_model, monkeypatch, capsys):
+    """Bytes that are not UTF-8 (Latin-1 here) become U+FFFD with a one-line warning naming the
+    line, CRLF counts as one line end, empty lines and a last line without LF give a line
+    each."""
+    stdin = (b"Ein Mann f\xe4hrt Fahrrad.\r\n\r\n\nZwei Hunde spielen im Schnee.\r\n"
+             b"  \t \nHallo \xff\xfe")
+    lines = ["Ein Mann f\ufffdhrt Fahrrad.", "", "", "Zwei Hunde spielen im Schnee.", "  \t ",
+             "Hallo \ufffd\ufffd"]
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(exported_model),
+                                                   "--quiet", "--batch-size", "4"], stdin)
+    assert code == 0, err
+    assert out.split("\n") == [*expected_translations(exported_model, lines), ""]
+    assert [out.split("\n")[i] for i in (1, 2, 4)] == ["", "", ""]
+    assert err.splitlines() == [
+        "keras-transformer translate: warning: <stdin>:1: not valid UTF-8 (invalid continuation "
+        "byte at byte 10); replaced by U+FFFD",
+        "keras-transformer translate: warning: <stdin>:6: not valid UTF-8 (invalid start byte "
+        "at byte 6); replaced by U+FFFD"]
+
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(exported_model),
+                                                   "--quiet", "--greedy"], b"\n" * 3)
+    assert (code, out, err) == (0, "\n" * 3, "")
+
+
+def test_a_translation_is_written_on_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_translate_lines",
+                        lambda args, lines: ["a\nb", "c\r\nd\u2028e", ""][:len(lines)])
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", "unused"],
+                             b"1\n2\n3\n")
+    assert (code, out, err) == (0, "a b\nc  d e\n\n", "")
+
+
+def test_many_invalid_lines_give_a_bounded_warning(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_translate_lines", lambda args, lines: lines)
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", "unused"],
+                             b"\xe4\n" * (cli.MAX_WARNINGS + 5))
+    assert code == 0 and out == "\ufffd\n" * (cli.MAX_WARNINGS + 5)
+    assert len(err.splitlines()) == cli.MAX_WARNINGS + 1
+    assert err.splitlines()[-1] == "keras-transformer translate: warning: 5 more lines of " \
+                                   "<stdin> not valid UTF-8"
+
+
+def test_evaluate_reads_bytes_and_refuses_empty_or_unaligned_files(exported_model, tmp_path,
+                                                                   monkeypatch, capsys):
+    source, reference, output = tmp_path / "src.de", tmp_path / "ref.en", tmp_path / "hyp.en"
+    source.write_bytes(b"Ein Mann f\xe4hrt Fahrrad.\r\n\r\nZwei Hunde spielen im Schnee.\r\n")
+    reference.write_bytes(b"A man rides a bike.\r\n\r\nTwo dogs play in the snow.\r\n")
+    model = ["--model", str(exported_model), "--quiet"]
+    code, out, err = run_cli(monkeypatch, capsys, ["evaluate", *model, "--source", str(source),
+                                                   "--reference", str(reference),
+                                                   "--output", str(output)])
+    assert code == 0, err
+    assert "bleu:" in out and "chrf:" in out
+    assert err == (f"keras-transformer evaluate: warning: {source}:1: not valid UTF-8 (invalid "
+                   "continuation byte at byte 10); replaced by U+FFFD\n")
+    lines = ["Ein Mann f\ufffdhrt Fahrrad.", "", "Zwei Hunde spielen im Schnee."]
+    assert output.read_text(encoding="utf-8").split("\n") == [
+        *expected_translations(exported_model, lines), ""]
+
+    empty, short, clean = tmp_path / "empty", tmp_path / "short", tmp_path / "clean.de"
+    empty.write_bytes(b"")
+    short.write_bytes(b"A man rides a bike.\n")
+    clean.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for source_file, reference_file, message in (
+            (empty, reference, f"{empty}: empty file, no lines"),
+            (clean, empty, f"{empty}: empty file, no lines"),
+            (clean, short, f"{clean} has 3 lines but {short} has 1"),
+            (tmp_path, reference, f"{tmp_path} is a folder, not a text file"),
+            (tmp_path / "missing", reference, "missing: no such file")):
+        code, out, err = run_cli(monkeypatch, capsys, ["evaluate", *model, "--source",
+                                                       str(source_file), "--reference",
+                                                       str(reference_file)])
+        assert code == 2 and out == "", err
+        assert err.startswith("keras-transformer evaluate: error: ") and message in err, err
+        assert len(err.splitlines()) == 1, err
+
+
+def test_model_errors_are_one_line(exported_model, tmp_path, monkeypatch, capsys):
+    """A beam the export cannot do names the one it can; a model path that is a file, a missing
+    folder, or a folder whose saved_model.pb is damaged is a one-line error, exit 2."""
+    code, _, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(exported_model),
+                                                 "--beam", "5"], b"Hallo\n")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "exported with beam size 2; export again with --beam 5" in err
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(exported_model),
+                                                   "--beam", "2", "--quiet"], b"Hallo\n")
+    assert code == 0 and out == "\n".join(expected_translations(exported_model, ["Hallo"])) + "\n"
+
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "saved_model.pb").write_bytes(b"not a protocol buffer")
+    a_file = tmp_path / "model.pb"
+    a_file.write_bytes(b"")
+    for path, message in ((a_file, "is not a SavedModel"), (tmp_path / "nowhere", "is not a "
+                          "SavedModel"), (damaged, str(damaged))):
+        code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(path)],
+                                 b"Hallo\n")
+        assert code == 2 and out == "", err
+        assert err.startswith("keras-transformer translate: error: ") and message in err, err
+        assert len(err.splitlines()) == 1, err

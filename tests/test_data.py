@@ -13,10 +13,12 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_transformer import multi30k
+from keras_transformer.cli import format_data_stats
 from keras_transformer.config import DATA_ENV, ConfigError, DataConfig
 from keras_transformer.data import (DataError, batch_stats, bucket_batch_sizes, bucket_lengths,
-                                    fixed_size_batches, load_pairs, make_batches, pair_stats,
-                                    read_parallel_lines, data_stats)
+                                    check_parallel_files, fixed_size_batches, load_pairs,
+                                    make_batches, pair_stats, read_parallel_lines, split_files,
+                                    data_stats)
 from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID, training_tokenizers
 
 tfds.display_progress_bar(False)
@@ -99,6 +101,18 @@ def test_plain_and_gzip_files_and_the_val_alias(tmp_path, small_pairs):
     config = _files_config(tmp_path)
     assert _as_lists(load_pairs(config, "validation")) == small_pairs  # stripped
     assert _as_lists(load_pairs(config, "train")) == small_pairs
+
+
+def test_whitespace_inside_lines_is_normalized_as_the_translator_does(tmp_path, small_pairs):
+    """Tabs, repeated, no-break and ideographic spaces become one space; a line of only such
+    spaces becomes "" (which make_batches drops) and the file check counts it as empty."""
+    messy = [s.replace(" ", w) for s, w in zip([s for s, _ in small_pairs],
+                                               ["\t", "  ", "\u00a0", "\u3000 ", " \u2009"])]
+    _write(tmp_path / "train.de", [" \t" + s + "\u00a0\r" for s in messy] + ["\u00a0\u2003"])
+    _write(tmp_path / "train.en", [t for _, t in small_pairs] + ["x"])
+    config = _files_config(tmp_path)
+    assert _as_lists(load_pairs(config, "train")) == small_pairs + [("", "x")]
+    assert check_parallel_files(split_files(tmp_path, "train", ("de", "en"))).empty_lines == [6]
 
 
 # ----------------------------------------------------------------------------- tfds sources

@@ -15,13 +15,16 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from keras_transformer import cli
 from keras_transformer.config import DecodeConfig, ExperimentConfig
+from keras_transformer.decoding import NEG_INF
 from keras_transformer.tokenizers import SERVING_TF_TEXT_OPS
 from keras_transformer.export import (WARMUP_FILE, export_translator, load_translator,
                                       uncompiled_copy)
 from keras_transformer.translator import SIGNATURE_INPUT, SIGNATURES, Translator
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "", "  ", "Zwei Hunde spielen im Schnee.",
-             " ".join(["Wort"] * 2000), "漢字 ☃ 🙂", "Hallo"]
+             " ".join(["Wort"] * 2000), "漢字 ☃ 🙂", "Hallo", "Ein Mann\tfährt\tFahrrad.",
+             "\u00a0\t\u3000"]
+NO_WORDS = [1, 2, 8]  # indices of SENTENCES without words
 BEAM_SIZE = 3
 
 # Runs in a fresh process: lists the ops TensorFlow core registers (before tensorflow_text is
@@ -154,6 +157,30 @@ def test_signatures_and_assets(export_dir):
     assert (export_dir / "assets" / "sentencepiece.model").is_file()
 
 
+def test_exported_signatures_skip_sources_without_words_and_normalize_whitespace(export_dir):
+    """In the loaded SavedModel: "" and whitespace-only sources give "" with score 0 (n-best:
+    then NEG_INF), also in a batch of nothing else, and tabs translate as spaces."""
+    loaded = load_translator(export_dir)
+    tab = SENTENCES.index("Ein Mann\tfährt\tFahrrad.")
+    for name in SIGNATURES:
+        if name == "translate_nbest":
+            texts_key, scores_key = "translations", "scores"
+            no_words_score = [0.0] + [NEG_INF] * (BEAM_SIZE - 1)
+        else:
+            texts_key, scores_key, no_words_score = "translation", "score", 0.0
+        signature = loaded.signatures[name]
+        mixed = {k: v.numpy() for k, v in signature(source=tf.constant(SENTENCES)).items()}
+        alone = {k: v.numpy() for k, v in signature(
+            source=tf.constant([SENTENCES[i] for i in NO_WORDS])).items()}
+        for texts, scores in ((mixed[texts_key][NO_WORDS], mixed[scores_key][NO_WORDS]),
+                              (alone[texts_key], alone[scores_key])):
+            assert (texts == b"").all(), name
+            np.testing.assert_array_equal(scores, np.broadcast_to(no_words_score, scores.shape))
+        for key in mixed:
+            np.testing.assert_array_equal(mixed[key][tab], mixed[key][0])
+        assert np.all(mixed[scores_key][[0, 3]] < 0)  # sentences with words were decoded
+
+
 def test_no_optimizer_state_and_sane_size(export_dir, translator):
     names = [name for name, _ in tf.train.list_variables(str(export_dir / "variables" /
                                                               "variables"))]
@@ -271,7 +298,7 @@ def run_dir(random_translation_model, sentencepiece_vocab, tmp_path_factory):
 def run_cli(argv, stdin=""):
     out, err = io.StringIO(), io.StringIO()
     old_stdin = sys.stdin
-    sys.stdin = io.StringIO(stdin)
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8")
     try:
         with redirect_stdout(out), redirect_stderr(err):
             code = cli.main(argv)
