@@ -307,8 +307,6 @@ def test_data_stats_report(sentencepiece_vocab, multi30k_dir):
     assert bucketed["max_padded_tokens"] <= config.tokens_per_batch == bucketed["tokens_per_batch"]
     assert bucketed["source_padding"] < fixed["source_padding"]
     assert bucketed["target_padding"] < fixed["target_padding"]
-    from keras_transformer.cli import format_data_stats
-
     report = format_data_stats(stats)
     dropped = ", ".join(f"{n} {reason}" for reason, n in train["dropped"].items())
     assert f"\n[train] 29000 pairs: {train['kept']} kept, dropped {dropped}\n" in report
