@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
