@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from keras_transformer.config import ConfigError
 from keras_transformer.model import Transformer
-from keras_transformer.runs import Run
+from keras_transformer.runs import Run, check_writable_folder
 from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, Translator,
                                           translator_from_run)
 
@@ -176,9 +176,15 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
     """Exports a training run to `model_root/<version>/` (default: the next free version).
 
     `translator_args` go to `translator_from_run` (weights, beam_size, alpha, jit_compile).
+    A `model_root` that cannot be written, or an existing version, is refused before the model
+    is loaded.
     """
     if version is not None and version < 1:
         raise ConfigError(f"--version {version}: TF Serving versions are positive integers")
+    check_writable_folder(model_root, "export folder")
+    if version is not None and (Path(model_root) / str(version)).exists():
+        raise FileExistsError(f"{Path(model_root) / str(version)} already exists: choose another "
+                              "version")
     translator = translator_from_run(run_dir, **translator_args)
     version = next_version(model_root) if version is None else version
     return export_translator(
