@@ -334,7 +334,8 @@ def apply_override(values: dict, override: str) -> None:
         node[key] = yaml.safe_load(raw)
     except yaml.YAMLError as error:
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise ConfigError(f"override {override!r}: the value is not valid YAML ({problem})") from None
+        raise ConfigError(f"override {override!r}: the value is not valid YAML "
+                          f"({problem})") from None
 
 
 def _type_ok(value: Any, hint: Any) -> bool:

@@ -51,9 +51,10 @@ PARTIAL_PREFIX = ".partial-"
 # HDF5 attributes of the weight files this package writes.
 MODEL_CONFIG_ATTR = "keras_transformer.model_config"
 RANDOM_STATES_ATTR = "keras_transformer.random_states"
-# What `--overwrite` deletes: everything `training.train` writes, and nothing else.
+# What `--overwrite` deletes: everything `training.train` writes, and nothing else (backup/:
+# Keras's BackupAndRestore folder, which runs made before state.json may hold).
 RUN_ENTRIES = (CONFIG_FILE, STATE_FILE, "vocab", CHECKPOINT_DIR, "last.weights.h5",
-               "best.weights.h5", "logs", "backup")  # backup/: BackupAndRestore's, before state.json
+               "best.weights.h5", "logs", "backup")
 
 
 class DamagedWeightsError(ConfigError):
@@ -227,9 +228,9 @@ class Run:
             return (f"{self.path} is finished: early stopping ended it after epoch {done} "
                     f"(train.early_stopping_patience); --overwrite trains it anew")
         if done and done >= config.train.epochs:
-            return (f"{self.path} is finished: {done} epochs done, train.epochs={config.train.epochs}"
-                    f"; raise train.epochs (--set train.epochs=N) to extend it, or --overwrite "
-                    "to train it anew")
+            return (f"{self.path} is finished: {done} epochs done, "
+                    f"train.epochs={config.train.epochs}; raise train.epochs (--set "
+                    "train.epochs=N) to extend it, or --overwrite to train it anew")
         return None
 
     def save_epoch(self, model, epoch: int, val_bleu: float | None = None) -> None:

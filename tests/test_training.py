@@ -248,7 +248,7 @@ def test_cli_average_writes_the_mean(mirrored_run, tmp_path, capsys):
         np.testing.assert_array_equal(got, want)
 
 
-# ----------------------------------------------------------------------------- finish, extend, resume
+# ----------------------------------------------------------------------------- finish, resume
 
 def snapshot(folder: Path) -> dict:
     """{path: (mtime, bytes)} of every file and folder under `folder`."""
