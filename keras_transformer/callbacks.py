@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 
 from keras_transformer.config import ExperimentConfig
 from keras_transformer.evaluation import score
-from keras_transformer.runs import CHECKPOINT_PATTERN, Run
+from keras_transformer.runs import Run
 from keras_transformer.translator import Translator, translate_texts
 
 logger = logging.getLogger(__name__)
@@ -118,9 +118,13 @@ class ResumeLogger(keras.callbacks.Callback):
     """Logs where training starts: epoch and optimizer step (non-zero after a resume), and on
     how many replicas and in which precision (what `train.precision: auto` resolved to)."""
 
+    def __init__(self, initial_epoch: int = 0):
+        super().__init__()
+        self.initial_epoch = initial_epoch
+
     def on_train_begin(self, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
-        epoch = getattr(self.model, "_initial_epoch", None) or 0
+        epoch = self.initial_epoch
         message = (f"resuming at epoch {epoch + 1}, optimizer step {step}" if step
                    else "starting from scratch")
         message += (f" ({self.model.distribute_strategy.num_replicas_in_sync} replica(s), "
@@ -129,31 +133,67 @@ class ResumeLogger(keras.callbacks.Callback):
         print(f"keras-transformer train: {message}", flush=True)
 
 
-def default_callbacks(config: ExperimentConfig, run: Run, validation_callback=None):
+def default_callbacks(config: ExperimentConfig, run: Run, validation_callback=None,
+                      initial_epoch: int = 0):
     """Callbacks in the order they must see each epoch's logs: validation BLEU first, so that
-    checkpoints, early stopping and TensorBoard find `val_bleu`."""
-    checkpoints = run.checkpoint_dir
-    checkpoints.mkdir(exist_ok=True)
-    callbacks = [keras.callbacks.BackupAndRestore(str(run.backup_dir)), ResumeLogger(),
-                 TokensPerSecond(), keras.callbacks.TerminateOnNaN()]
+    checkpoints, early stopping and TensorBoard find `val_bleu`. `initial_epoch`: the epochs
+    the run had done before (a resumed or extended run)."""
+    callbacks = [ResumeLogger(initial_epoch), TokensPerSecond(), keras.callbacks.TerminateOnNaN()]
+    early_stopping = None
     if config.train.log_every_steps:
         callbacks.append(StepSummaries(run.logs_dir / "train_steps", config.train.log_every_steps))
     if validation_callback is not None:
         callbacks.append(validation_callback)
-    callbacks += [
-        keras.callbacks.ModelCheckpoint(str(checkpoints / CHECKPOINT_PATTERN),
-                                        save_weights_only=True),
-        keras.callbacks.ModelCheckpoint(str(run.weights_file("last")), save_weights_only=True),
-    ]
-    if validation_callback is not None:
-        callbacks.append(keras.callbacks.ModelCheckpoint(
-            str(run.weights_file("best")), save_weights_only=True, monitor="val_bleu",
-            mode="max", save_best_only=True))
         if config.train.early_stopping_patience:
-            callbacks.append(keras.callbacks.EarlyStopping(
-                monitor="val_bleu", mode="max", patience=config.train.early_stopping_patience))
+            early_stopping = ResumedEarlyStopping(run, config.train.early_stopping_patience,
+                                                  initial_epoch)
+    callbacks.append(RunCheckpoints(run, validation_callback is not None, early_stopping))
+    if early_stopping is not None:
+        callbacks.append(early_stopping)
     callbacks.append(keras.callbacks.TensorBoard(str(run.logs_dir), update_freq="epoch"))
     return callbacks
+
+
+class RunCheckpoints(keras.callbacks.Callback):
+    """Records every finished epoch in the run folder (`Run.save_epoch`): its checkpoint,
+    `last`, `best` (by `val_bleu` when `track_best`) and `state.json`, each written to a
+    temporary name and renamed, so a kill never leaves half a file (Keras's ModelCheckpoint and
+    BackupAndRestore write in place). An epoch whose loss is not finite (TerminateOnNaN stopped
+    it) is not recorded: its weights would replace good ones. After early stopping the run is
+    marked finished."""
+
+    def __init__(self, run: Run, track_best: bool, early_stopping=None):
+        super().__init__()
+        self.run, self.track_best, self.early_stopping = run, track_best, early_stopping
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        if not np.isfinite(logs.get("loss", 0.0)):
+            logger.warning("epoch %d ended with loss %s: its weights are not saved", epoch + 1,
+                           logs.get("loss"))
+            return
+        self.run.save_epoch(self.model, epoch + 1,
+                            logs.get("val_bleu") if self.track_best else None)
+
+    def on_train_end(self, logs=None):
+        if self.early_stopping is not None and self.early_stopping.stopped_epoch:
+            self.run.mark_stopped_early()
+
+
+class ResumedEarlyStopping(keras.callbacks.EarlyStopping):
+    """EarlyStopping on `val_bleu` that goes on counting where a resumed run left off: from its
+    best score and the epochs since (the run's `state.json`), not from scratch."""
+
+    def __init__(self, run: Run, patience: int, initial_epoch: int = 0):
+        super().__init__(monitor="val_bleu", mode="max", patience=patience)
+        self.run, self.initial_epoch = run, initial_epoch
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        best = (self.run.state() or {}).get("best") if self.initial_epoch else None
+        if best is not None:
+            self.best, self.best_epoch = best["val_bleu"], best["epoch"] - 1
+            self.wait = max(0, self.initial_epoch - best["epoch"])
 
 
 class ValidationBleu(keras.callbacks.Callback):

@@ -130,7 +130,10 @@ def _train(args) -> int:
 
     if args.logical_cpus:
         training.split_cpu(args.logical_cpus)
-    history = training.train(_load_config(args), args.output, verbose=args.progress)
+    history = training.train(_load_config(args), args.output, verbose=args.progress,
+                             overwrite=args.overwrite)
+    if history is None:  # finished before: train said so
+        return 0
     final = {k: round(v[-1], 4) for k, v in history.history.items()}
     print(f"keras-transformer train: finished {args.output}: {final}")
     return 0
@@ -330,6 +333,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 0")
+    return value
+
+
 def _add_translator_arguments(parser):
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="an export: a SavedModel version folder (e.g. "
@@ -390,8 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train a model with model.fit")
     _add_config_arguments(train)
-    train.add_argument("--output", required=True, help="run folder (resumes if it holds this run)")
-    train.add_argument("--logical-cpus", type=int, default=0, metavar="N",
+    train.add_argument("--output", required=True,
+                       help="run folder: resumes the run it holds after a kill, extends it to a "
+                            "larger train.epochs, or says it is finished")
+    train.add_argument("--overwrite", action="store_true",
+                       help="delete the run that --output holds (another config, or a finished "
+                            "run) and train anew")
+    train.add_argument("--logical-cpus", type=_non_negative_int, default=0, metavar="N",
                        help="split the CPU into N logical devices (distribution without GPUs)")
     train.add_argument("--progress", type=int, default=1, choices=(0, 1, 2),
                        help="model.fit's verbose: 1 a progress bar, 2 one line per epoch, 0 none")

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from keras_transformer.config import ConfigError
 from keras_transformer.model import Transformer
-from keras_transformer.runs import Run
+from keras_transformer.runs import Run, check_writable_folder
 from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, Translator,
                                           translator_from_run)
 
@@ -180,6 +180,8 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
     (`quantization` float32, int8, bfloat16, ...).
 
     `translator_args` go to `translator_from_run` (weights, beam_size, alpha, jit_compile).
+    A `model_root` that cannot be written, or an existing version, is refused before the model
+    is loaded.
     """
     if format not in EXPORT_FORMATS:
         raise ConfigError(f"--format {format}: not one of {', '.join(EXPORT_FORMATS)}")
@@ -187,6 +189,10 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
         raise ConfigError(f"--version {version}: TF Serving versions are positive integers")
     if format == "ctranslate2":
         return _export_run_ctranslate2(run_dir, model_root, quantization, **translator_args)
+    check_writable_folder(model_root, "export folder")
+    if version is not None and (Path(model_root) / str(version)).exists():
+        raise FileExistsError(f"{Path(model_root) / str(version)} already exists: choose another "
+                              "version")
     translator = translator_from_run(run_dir, **translator_args)
     version = next_version(model_root) if version is None else version
     return export_translator(

@@ -156,3 +156,24 @@ def tiny_experiment(sentencepiece_vocab):
             data=dataclasses.replace(data_config, vocab_dir=str(vocab_dir)),
             train=TrainConfig(**values))
     return make
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """An empty folder this process cannot write in: mode 555, and for root (whom modes do not
+    stop) the immutable attribute; skips where neither holds."""
+    import subprocess
+
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    immutable = False
+    if os.access(folder, os.W_OK):
+        immutable = subprocess.run(["chattr", "+i", str(folder)],
+                                   capture_output=True).returncode == 0
+        if not immutable or os.access(folder, os.W_OK):
+            pytest.skip("cannot make a folder read-only for this user")
+    yield folder
+    if immutable:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    folder.chmod(0o755)

@@ -1,6 +1,8 @@
 """The `keras-transformer` command line."""
 
+import dataclasses
 import io
+import shutil
 import subprocess
 import sys
 
@@ -202,3 +204,146 @@ def test_model_errors_are_one_line(exported_model, tmp_path, monkeypatch, capsys
         assert code == 2 and out == "", err
         assert err.startswith("keras-transformer translate: error: ") and message in err, err
         assert len(err.splitlines()) == 1, err
+# ----------------------------------------------------------------------------- user mistakes
+
+def error_line(capsys, command="train") -> str:
+    """The one line a user mistake prints on stderr (asserting there is exactly one)."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"keras-transformer {command}: error: "), lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def fake_run(tiny_experiment, tmp_path):
+    """A run folder as training leaves it, without the training: config.yaml (the tiny model
+    over the session's 1,000-piece vocabulary), state.json and an untrained model's last
+    weights, no best weights."""
+    from keras_transformer.model import Transformer
+    from keras_transformer.runs import Run, save_weights
+
+    config = tiny_experiment()
+    config = dataclasses.replace(config, model=dataclasses.replace(
+        config.model, source_vocab_size=1000, target_vocab_size=1000))
+    run = Run.create(config, tmp_path / "run")
+    run.save_config(config)
+    model = Transformer(config.model)
+    model.build()
+    save_weights(model, run.weights_file("last"))
+    return run
+
+
+@pytest.mark.parametrize("text, override, message", [
+    ("", None, "exp.yaml is empty: an experiment file sets at least one of the sections"),
+    ("model: 3\n", None, "exp.yaml: section 'model' must be a mapping of keys"),
+    ("name: x\ntrain: {epochs: 2\n", None, "exp.yaml, line 3: invalid YAML ("),
+    ("name: x\n", "train.epochs=[2", "override 'train.epochs=[2': the value is not valid YAML"),
+    ("name: x\n", "train.learning_rate_scale=-1",
+     "train.learning_rate_scale=-1.0 must be positive"),
+    ("name: x\n", "train.adam_beta_2=1", r"train.adam_beta_2=1.0 must be in [0, 1)"),
+])
+def test_config_mistakes_are_one_line_errors(tmp_path, capsys, text, override, message):
+    config = tmp_path / "exp.yaml"
+    config.write_text(text)
+    argv = ["train", "--config", str(config), "--output", str(tmp_path / "run")]
+    assert cli.main(argv + (["--set", override] if override else [])) == 2
+    assert message in error_line(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_output_that_is_a_file_or_not_writable_is_refused_before_any_work(
+        tmp_path, read_only_dir, capsys, monkeypatch):
+    from keras_transformer import training
+
+    monkeypatch.setattr(training, "prepare_tokenizers", lambda *a: pytest.fail("work began"))
+    config = tmp_path / "exp.yaml"
+    config.write_text("name: x\n")
+    (tmp_path / "file").write_text("not a folder")
+    for output, message in [
+            (tmp_path / "file", f"output folder {tmp_path / 'file'} is a file, not a folder"),
+            (read_only_dir / "run", f"output folder {read_only_dir / 'run'}: cannot write in "
+                                    f"{read_only_dir} (permission denied or a read-only file "
+                                    "system)")]:
+        assert cli.main(["train", "--config", str(config), "--output", str(output)]) == 2
+        assert error_line(capsys).endswith(message)
+
+
+def test_train_overwrite_flag_reaches_training(tmp_path, monkeypatch):
+    from keras_transformer import training
+
+    calls = []
+    monkeypatch.setattr(training, "train", lambda config, output, **kwargs: calls.append(kwargs))
+    config = tmp_path / "exp.yaml"
+    config.write_text("name: x\n")
+    for flags in ([], ["--overwrite"]):
+        assert cli.main(["train", "--config", str(config), "--output", str(tmp_path / "run"),
+                         *flags]) == 0
+    assert [call["overwrite"] for call in calls] == [False, True]
+
+
+def test_negative_logical_cpus_is_refused_by_the_parser(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train", "--config", "x.yaml", "--output", "y", "--logical-cpus", "-1"])
+    assert exit_.value.code == 2
+    assert "-1 is not >= 0" in capsys.readouterr().err
+
+
+def test_export_into_a_read_only_folder_is_refused_before_the_model_loads(
+        fake_run, read_only_dir, tmp_path, capsys, monkeypatch):
+    from keras_transformer import export
+
+    monkeypatch.setattr(export, "translator_from_run",
+                        lambda *a, **k: pytest.fail("the model was loaded"))
+    assert cli.main(["export", "--run", str(fake_run.path), "--output",
+                     str(read_only_dir / "model")]) == 2
+    assert f"export folder {read_only_dir / 'model'}: cannot write in" in error_line(capsys,
+                                                                                    "export")
+    (tmp_path / "models" / "1").mkdir(parents=True)
+    assert cli.main(["export", "--run", str(fake_run.path), "--output", str(tmp_path / "models"),
+                     "--version", "1"]) == 2
+    assert error_line(capsys, "export").endswith(
+        f"{tmp_path / 'models' / '1'} already exists: choose another version")
+
+
+@pytest.mark.parametrize("field, old, new", [("num_layers", 2, 3), ("d_model", 32, 256)])
+def test_export_with_a_config_the_weights_were_not_trained_with_is_refused(
+        fake_run, tmp_path, capsys, field, old, new):
+    text = fake_run.config_path.read_text()
+    fake_run.config_path.write_text(text.replace(f"  {field}: {old}\n", f"  {field}: {new}\n"))
+    assert cli.main(["export", "--run", str(fake_run.path), "--weights", "last",
+                     "--output", str(tmp_path / "models")]) == 2
+    assert error_line(capsys, "export").endswith(
+        f"{fake_run.weights_file('last')} was trained with model.{field}={old}, but "
+        f"{fake_run.config_path} has model.{field}={new}")
+    assert not (tmp_path / "models").exists()
+
+
+def test_truncated_weight_files_are_named(fake_run, tmp_path, capsys):
+    last = fake_run.weights_file("last")
+    last.write_bytes(last.read_bytes()[:1000])
+    assert cli.main(["export", "--run", str(fake_run.path), "--weights", "last",
+                     "--output", str(tmp_path / "models")]) == 2
+    assert f"error: {last} is damaged (Unable to synchronously open file" in error_line(
+        capsys, "export")
+    fake_run.checkpoint_dir.mkdir()
+    shutil.copyfile(last, fake_run.checkpoint_file(1))
+    assert cli.main(["average", "--run", str(fake_run.path), "--last", "1"]) == 2
+    assert f"{fake_run.checkpoint_file(1)} is damaged (" in error_line(capsys, "average")
+    assert cli.main(["average", "--run", str(fake_run.path), "--last", "1",
+                     "--output", str(tmp_path / "mean.h5")]) == 2
+    assert "mean.h5: a weights file's name ends in .weights.h5" in error_line(capsys, "average")
+
+
+def test_missing_best_weights_are_said_on_stderr(fake_run, tmp_path):
+    """"best" falls back to "last" with a warning the user sees (here before the damaged last
+    file stops the export)."""
+    last = fake_run.weights_file("last")
+    last.write_bytes(last.read_bytes()[:1000])
+    result = subprocess.run([sys.executable, "-m", "keras_transformer.cli", "export", "--run",
+                             str(fake_run.path), "--output", str(tmp_path / "models")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    warning, error = result.stderr.strip().splitlines()[-2:]
+    assert warning == (f"keras-transformer: {fake_run.path} has no best weights "
+                       "(best.weights.h5); using the last epoch's")
+    assert error.startswith(f"keras-transformer export: error: {last} is damaged")
