@@ -11,13 +11,18 @@ from keras_transformer.data import BatchStats
 from keras_transformer.schedules import TransformerSchedule
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_train",
-                                                  REPO_ROOT / "benchmarks" / "train.py")
+def load_benchmark(name: str):
+    """The module of `benchmarks/NAME.py`, which is a script, not a package module."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}",
+                                                  REPO_ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("train")
 
 
 def stats(batches, target_tokens):
@@ -141,11 +146,7 @@ def test_budget_spent_by_tokens_or_by_time(bench):
 
 @pytest.fixture(scope="module")
 def decode_bench():
-    spec = importlib.util.spec_from_file_location("bench_decode",
-                                                  REPO_ROOT / "benchmarks" / "decode.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("decode")
 
 
 def decode_row(variant, search, cores, rate, outputs=("a", "b"), alpha=None):

@@ -74,20 +74,6 @@ def test_build_vocab_then_data_stats(tmp_path, multi30k_dir, capsys):
 
 # ----------------------------------------------------------------------------- translate, evaluate
 
-@pytest.fixture(scope="module")
-def exported_model(random_translation_model, tmp_path_factory):
-    """A SavedModel of the random tiny model (beam 2), without warmup requests."""
-    from keras_transformer.config import DecodeConfig
-    from keras_transformer.export import export_translator
-    from keras_transformer.translator import Translator
-
-    model, tokenizer = random_translation_model
-    translator = Translator(model, tokenizer, tokenizer,
-                            DecodeConfig(beam_size=2, max_extra_length=8))
-    return export_translator(translator, tmp_path_factory.mktemp("models") / "demo" / "1",
-                             warmup_sentences=None)
-
-
 def run_cli(monkeypatch, capsys, argv, stdin: bytes = b""):
     """cli.main(argv) with `stdin` as standard input: (exit code, stdout, stderr)."""
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
@@ -104,7 +90,7 @@ def expected_translations(export_dir, lines, function="translate_beam"):
     return translate_texts(getattr(loaded, function), lines)
 
 
-def test_translate_gives_one_line_per_input_line(exported_model, monkeypatch, capsys):
+def test_translate_gives_one_line_per_input_line(random_export, monkeypatch, capsys):
     """Bytes that are not UTF-8 (Latin-1 here) become U+FFFD with a one-line warning naming the
     line, CRLF counts as one line end, empty lines and a last line without LF give a line
     each."""
@@ -112,10 +98,10 @@ def test_translate_gives_one_line_per_input_line(exported_model, monkeypatch, ca
              b"  \t \nHallo \xff\xfe")
     lines = ["Ein Mann f\ufffdhrt Fahrrad.", "", "", "Zwei Hunde spielen im Schnee.", "  \t ",
              "Hallo \ufffd\ufffd"]
-    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(exported_model),
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),
                                                    "--quiet", "--batch-size", "4"], stdin)
     assert code == 0, err
-    assert out.split("\n") == [*expected_translations(exported_model, lines), ""]
+    assert out.split("\n") == [*expected_translations(random_export, lines), ""]
     assert [out.split("\n")[i] for i in (1, 2, 4)] == ["", "", ""]
     assert err.splitlines() == [
         "keras-transformer translate: warning: <stdin>:1: not valid UTF-8 (invalid continuation "
@@ -123,7 +109,7 @@ def test_translate_gives_one_line_per_input_line(exported_model, monkeypatch, ca
         "keras-transformer translate: warning: <stdin>:6: not valid UTF-8 (invalid start byte "
         "at byte 6); replaced by U+FFFD"]
 
-    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(exported_model),
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),
                                                    "--quiet", "--greedy"], b"\n" * 3)
     assert (code, out, err) == (0, "\n" * 3, "")
 
@@ -146,12 +132,12 @@ def test_many_invalid_lines_give_a_bounded_warning(monkeypatch, capsys):
                                    "<stdin> not valid UTF-8"
 
 
-def test_evaluate_reads_bytes_and_refuses_empty_or_unaligned_files(exported_model, tmp_path,
+def test_evaluate_reads_bytes_and_refuses_empty_or_unaligned_files(random_export, tmp_path,
                                                                    monkeypatch, capsys):
     source, reference, output = tmp_path / "src.de", tmp_path / "ref.en", tmp_path / "hyp.en"
     source.write_bytes(b"Ein Mann f\xe4hrt Fahrrad.\r\n\r\nZwei Hunde spielen im Schnee.\r\n")
     reference.write_bytes(b"A man rides a bike.\r\n\r\nTwo dogs play in the snow.\r\n")
-    model = ["--model", str(exported_model), "--quiet"]
+    model = ["--model", str(random_export), "--quiet"]
     code, out, err = run_cli(monkeypatch, capsys, ["evaluate", *model, "--source", str(source),
                                                    "--reference", str(reference),
                                                    "--output", str(output)])
@@ -161,7 +147,7 @@ def test_evaluate_reads_bytes_and_refuses_empty_or_unaligned_files(exported_mode
                    "continuation byte at byte 10); replaced by U+FFFD\n")
     lines = ["Ein Mann f\ufffdhrt Fahrrad.", "", "Zwei Hunde spielen im Schnee."]
     assert output.read_text(encoding="utf-8").split("\n") == [
-        *expected_translations(exported_model, lines), ""]
+        *expected_translations(random_export, lines), ""]
 
     empty, short, clean = tmp_path / "empty", tmp_path / "short", tmp_path / "clean.de"
     empty.write_bytes(b"")
@@ -181,16 +167,16 @@ def test_evaluate_reads_bytes_and_refuses_empty_or_unaligned_files(exported_mode
         assert len(err.splitlines()) == 1, err
 
 
-def test_model_errors_are_one_line(exported_model, tmp_path, monkeypatch, capsys):
+def test_model_errors_are_one_line(random_export, tmp_path, monkeypatch, capsys):
     """A beam the export cannot do names the one it can; a model path that is a file, a missing
     folder, or a folder whose saved_model.pb is damaged is a one-line error, exit 2."""
-    code, _, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(exported_model),
+    code, _, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),
                                                  "--beam", "5"], b"Hallo\n")
     assert code == 2 and len(err.splitlines()) == 1
     assert "exported with beam size 2; export again with --beam 5" in err
-    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(exported_model),
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),
                                                    "--beam", "2", "--quiet"], b"Hallo\n")
-    assert code == 0 and out == "\n".join(expected_translations(exported_model, ["Hallo"])) + "\n"
+    assert code == 0 and out == "\n".join(expected_translations(random_export, ["Hallo"])) + "\n"
 
     damaged = tmp_path / "damaged"
     damaged.mkdir()

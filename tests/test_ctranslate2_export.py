@@ -362,24 +362,6 @@ def test_input_types_and_empty_batch(random_translation_model, tmp_path):
     assert ct2.translate_beam(tf.constant([], tf.string))["translation"].shape == (0,)
 
 
-@pytest.fixture(scope="module")
-def run_dir(random_translation_model, sentencepiece_vocab, tmp_path_factory):
-    """A training-run folder (config, weights, vocabulary) holding the random model."""
-    import shutil
-
-    from keras_transformer.config import ExperimentConfig
-
-    model, _ = random_translation_model
-    data_config, vocab_dir = sentencepiece_vocab
-    run = tmp_path_factory.mktemp("run")
-    config = ExperimentConfig(model=model.config, data=data_config,
-                              decode=DecodeConfig(beam_size=2, max_extra_length=8))
-    config.to_yaml(run / "config.yaml")
-    model.save_weights(run / "best.weights.h5")
-    shutil.copytree(vocab_dir, run / "vocab")
-    return run
-
-
 def cli_run(capsys, monkeypatch, argv, stdin=""):
     import io
 
@@ -391,14 +373,14 @@ def cli_run(capsys, monkeypatch, argv, stdin=""):
     return code, out, err
 
 
-def test_cli_exports_ctranslate2_and_translates_with_either_export(run_dir, tmp_path, capsys,
+def test_cli_exports_ctranslate2_and_translates_with_either_export(random_run, tmp_path, capsys,
                                                                    monkeypatch):
     ct2_dir, saved = tmp_path / "ct2", tmp_path / "saved_models" / "demo"
-    code, out, err = cli_run(capsys, monkeypatch, ["export", "--run", str(run_dir), "--format",
+    code, out, err = cli_run(capsys, monkeypatch, ["export", "--run", str(random_run), "--format",
                                                    "ctranslate2", "--output", str(ct2_dir)])
     assert code == 0, err
     assert (ct2_dir / "model.bin").is_file() and f"to {ct2_dir}" in out
-    assert cli_run(capsys, monkeypatch, ["export", "--run", str(run_dir),
+    assert cli_run(capsys, monkeypatch, ["export", "--run", str(random_run),
                                          "--output", str(saved)])[0] == 0
 
     lines = "\n".join(SENTENCES[:6]) + "\n"
@@ -418,10 +400,10 @@ def test_cli_exports_ctranslate2_and_translates_with_either_export(run_dir, tmp_
     assert record["format"] == "savedmodel" and record["search"]["beam_size"] == 2
     assert record["model"]["max_positions"] == 24 and "sources truncated" in record["length_rule"]
 
-    code, _, err = cli_run(capsys, monkeypatch, ["export", "--run", str(run_dir), "--format",
+    code, _, err = cli_run(capsys, monkeypatch, ["export", "--run", str(random_run), "--format",
                                                  "ctranslate2", "--output", str(ct2_dir)])
     assert code == 2 and "already exists" in err and len(err.splitlines()) == 1
-    code, _, err = cli_run(capsys, monkeypatch, ["export", "--run", str(run_dir), "--format",
+    code, _, err = cli_run(capsys, monkeypatch, ["export", "--run", str(random_run), "--format",
                                                  "ctranslate2", "--xla", "--output",
                                                  str(tmp_path / "x")])
     assert code == 2 and "--xla is for SavedModel exports" in err

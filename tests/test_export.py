@@ -279,22 +279,6 @@ def test_export_refuses_an_existing_version(translator, export_dir):
         export_translator(translator, export_dir)
 
 
-@pytest.fixture(scope="module")
-def run_dir(random_translation_model, sentencepiece_vocab, tmp_path_factory):
-    """A training-run folder (config, weights, vocabulary) holding the random model."""
-    import shutil
-
-    model, _ = random_translation_model
-    data_config, vocab_dir = sentencepiece_vocab
-    run = tmp_path_factory.mktemp("run")
-    config = ExperimentConfig(model=model.config, data=data_config,
-                              decode=DecodeConfig(beam_size=2, max_extra_length=8))
-    config.to_yaml(run / "config.yaml")
-    model.save_weights(run / "best.weights.h5")
-    shutil.copytree(vocab_dir, run / "vocab")
-    return run
-
-
 def run_cli(argv, stdin=""):
     out, err = io.StringIO(), io.StringIO()
     old_stdin = sys.stdin
@@ -307,9 +291,9 @@ def run_cli(argv, stdin=""):
     return code, out.getvalue(), err.getvalue()
 
 
-def test_cli_export_translate_evaluate(run_dir, tmp_path):
+def test_cli_export_translate_evaluate(random_run, tmp_path):
     models = tmp_path / "saved_models" / "demo"
-    code, out, err = run_cli(["export", "--run", str(run_dir), "--output", str(models)])
+    code, out, err = run_cli(["export", "--run", str(random_run), "--output", str(models)])
     assert code == 0, err
     assert (models / "1" / "saved_model.pb").is_file() and "exported" in out
 
@@ -318,7 +302,7 @@ def test_cli_export_translate_evaluate(run_dir, tmp_path):
                                    "2"], "\n".join(lines) + "\n")
     assert code == 0, err
     assert "translated 4/4" in err  # the progress bar
-    code, direct, err = run_cli(["translate", "--run", str(run_dir), "--quiet", "--batch-size",
+    code, direct, err = run_cli(["translate", "--run", str(random_run), "--quiet", "--batch-size",
                                  "3"], "\n".join(lines) + "\n")
     assert code == 0, err
     assert exported == direct and len(exported.splitlines()) == len(lines)
@@ -335,7 +319,7 @@ def test_cli_export_translate_evaluate(run_dir, tmp_path):
     assert code == 2 and "exported with beam size 2" in err
     code, _, err = run_cli(["translate", "--model", str(models / "7")], "x\n")
     assert code == 2 and "not a SavedModel" in err
-    code, _, err = run_cli(["export", "--run", str(run_dir), "--output", str(models),
+    code, _, err = run_cli(["export", "--run", str(random_run), "--output", str(models),
                             "--version", "1"])
     assert code == 2 and "already exists" in err
 
@@ -353,8 +337,8 @@ def test_cli_export_translate_evaluate(run_dir, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def varied_run_dir(run_dir, random_translation_model, tmp_path_factory):
-    """`run_dir` with a weaker END bias (0.8), under which each beam size and alpha of the
+def varied_run_dir(random_run, random_translation_model, tmp_path_factory):
+    """`random_run` with a weaker END bias (0.8), under which each beam size and alpha of the
     tune-search test's grid gives other, non-empty outputs for its sentences."""
     import shutil
 
@@ -363,7 +347,7 @@ def varied_run_dir(run_dir, random_translation_model, tmp_path_factory):
     model, _ = random_translation_model
     original = model.final_layer.bias.numpy()
     run = tmp_path_factory.mktemp("varied_run") / "run"
-    shutil.copytree(run_dir, run)
+    shutil.copytree(random_run, run)
     bias = original.copy()
     bias[END_ID] = 0.8
     model.final_layer.bias.assign(bias)
@@ -384,10 +368,10 @@ def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
     from keras_transformer.translator import translate_texts
     from keras_transformer.translator import translator_from_run
 
-    run_dir = varied_run_dir
+    random_run = varied_run_dir
     grid = [(1, 0.0), (1, 1.5), (3, 0.0), (3, 1.5)]
     sources = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt Fahrrad.", "Eine Frau singt."]
-    translators = [translator_from_run(run_dir, beam_size=b, alpha=a) for b, a in grid]  # alive
+    translators = [translator_from_run(random_run, beam_size=b, alpha=a) for b, a in grid]  # alive
     outputs = [translate_texts(t.translate_beam, sources) for t in translators]
     references = outputs[3]
     assert all(references) and len({tuple(o) for o in outputs}) == len(grid)
@@ -395,7 +379,7 @@ def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
     source, reference, output = tmp_path / "src", tmp_path / "ref", tmp_path / "search.json"
     source.write_text("\n".join(sources) + "\n")
     reference.write_text("\n".join(references) + "\n")
-    code, out, err = run_cli(["tune-search", "--run", str(run_dir), "--source", str(source),
+    code, out, err = run_cli(["tune-search", "--run", str(random_run), "--source", str(source),
                               "--reference", str(reference), "--beam", "1,3",
                               "--alpha", "0,1.5", "--output", str(output)])
     assert code == 0, err
@@ -408,16 +392,16 @@ def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
     assert (tuned["best"]["beam_size"], tuned["best"]["alpha"]) == (3, 1.5)
     assert "best: --beam 3 --alpha 1.5" in out and "tok:13a" in out
 
-    code, _, err = run_cli(["tune-search", "--run", str(run_dir), "--source", str(source),
+    code, _, err = run_cli(["tune-search", "--run", str(random_run), "--source", str(source),
                             "--reference", str(tmp_path / "missing")])
     assert code == 2 and "missing: no such file" in err
     short = tmp_path / "short"
     short.write_text(references[0] + "\n")
-    code, _, err = run_cli(["tune-search", "--run", str(run_dir), "--source", str(source),
+    code, _, err = run_cli(["tune-search", "--run", str(random_run), "--source", str(source),
                             "--reference", str(short)])
     assert code == 2 and "has 3 lines but" in err and "short has 1" in err
     with pytest.raises(SystemExit), redirect_stderr(io.StringIO()) as err:
-        cli.main(["tune-search", "--run", str(run_dir), "--source", str(source),
+        cli.main(["tune-search", "--run", str(random_run), "--source", str(source),
                   "--reference", str(reference), "--alpha", "0.6,-1"])
     assert "every alpha must be >= 0" in err.getvalue()
 

@@ -21,20 +21,6 @@ def serve_load():
     del sys.modules[spec.name]
 
 
-@pytest.fixture(scope="module")
-def model_dir(random_translation_model, tmp_path_factory):
-    """The random tiny model (beam 2) exported without warmup requests."""
-    from keras_transformer.config import DecodeConfig
-    from keras_transformer.export import export_translator
-    from keras_transformer.translator import Translator
-
-    model, tokenizer = random_translation_model
-    translator = Translator(model, tokenizer, tokenizer,
-                            DecodeConfig(beam_size=2, max_extra_length=8))
-    return export_translator(translator, tmp_path_factory.mktemp("models") / "tiny" / "1",
-                             warmup_sentences=None)
-
-
 def test_requests_mix_test_sentences_and_every_bad_input(serve_load):
     sentences = [f"Satz {i}." for i in range(50)]
     requests = serve_load.make_requests(sentences, 40, max_batch=64, seed=3)
@@ -47,9 +33,9 @@ def test_requests_mix_test_sentences_and_every_bad_input(serve_load):
     assert requests == serve_load.make_requests(sentences, 40, max_batch=64, seed=3)
 
 
-def test_concurrent_clients_get_the_single_client_answers(serve_load, model_dir, multi30k_dir,
+def test_concurrent_clients_get_the_single_client_answers(serve_load, random_export, multi30k_dir,
                                                           capsys):
-    code = serve_load.main(["--model", str(model_dir), "--data-dir", str(multi30k_dir),
+    code = serve_load.main(["--model", str(random_export), "--data-dir", str(multi30k_dir),
                             "--clients", "3", "--seconds", "3", "--requests", "6",
                             "--max-batch", "16"])
     out, err = capsys.readouterr()
