@@ -366,12 +366,16 @@ def _add_config_arguments(parser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    verbose = dict(action="store_true",
+                   help="show TensorFlow's start-up logging, and tracebacks of errors")
+    # Before or after the subcommand; SUPPRESS keeps a subcommand's default from overriding a
+    # --verbose given before it.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", action="store_true",
-                        help="show TensorFlow's start-up logging, and tracebacks of errors")
+    common.add_argument("-v", "--verbose", default=argparse.SUPPRESS, **verbose)
     parser = argparse.ArgumentParser(
-        prog="keras-transformer", parents=[common],
+        prog="keras-transformer",
         description="Train, export and serve the Transformer of 'Attention Is All You Need'.")
+    parser.add_argument("-v", "--verbose", default=False, **verbose)
     parser.add_argument("--version", action="version", version=f"keras-transformer {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
 
@@ -471,9 +475,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def quiet_tensorflow() -> None:
-    """Silences TensorFlow's C++ start-up lines (set before TensorFlow is imported), absl's and
-    TensorFlow's Python loggers, and Python warnings of the libraries."""
+    """Imports TensorFlow, tf-text and Keras and initializes the devices with the process's
+    standard error closed, then silences absl's and TensorFlow's Python loggers and the
+    libraries' Python warnings. TensorFlow 2.21 writes its start-up lines (oneDNN, CUDA
+    drivers, cuInit) before absl's logging is initialized, which TF_CPP_MIN_LOG_LEVEL does not
+    reach. An import that fails still raises, after standard error is restored."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        import keras  # noqa: F401
+        import tensorflow as tf
+        import tensorflow_text  # noqa: F401
+
+        tf.config.list_physical_devices()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
     logging.getLogger("absl").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=DeprecationWarning)

@@ -2,6 +2,7 @@
 
 import dataclasses
 import io
+import os
 import shutil
 import subprocess
 import sys
@@ -333,3 +334,24 @@ def test_missing_best_weights_are_said_on_stderr(fake_run, tmp_path):
     assert warning == (f"keras-transformer: {fake_run.path} has no best weights "
                        "(best.weights.h5); using the last epoch's")
     assert error.startswith(f"keras-transformer export: error: {last} is damaged")
+
+
+def test_help_and_version_do_not_import_tensorflow():
+    code = ("import sys\nfrom keras_transformer import cli\nfor argv in (['--version'], "
+            "['--help'], ['train', '--help']):\n    try:\n        cli.main(argv)\n"
+            "    except SystemExit:\n        pass\nprint('tensorflow' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip().splitlines()[-1] == "False"
+    assert "keras-transformer 0.1.0" in done.stdout
+
+
+def test_tensorflow_start_up_lines_only_with_verbose():
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    command = [sys.executable, "-m", "keras_transformer.cli", "info", "--preset", "tiny"]
+    quiet = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    assert quiet.stderr == "" and "preset tiny: 2 layers" in quiet.stdout
+    verbose = subprocess.run([*command, "--verbose"], capture_output=True, text=True, env=env,
+                             check=True)
+    assert "preset tiny: 2 layers" in verbose.stdout
+    assert verbose.stderr != ""  # TensorFlow's own start-up lines, as it prints them
