@@ -287,17 +287,20 @@ class CTranslate2Translator:
 
     Sources are truncated to their first `max_source_length - 1` tokens plus END; outputs are at
     most min(source length + max_extra_length, max_positions) tokens, END included, the source
-    length counting START and END. CTranslate2 takes one length limit per call, so sentences are
-    decoded in groups of equal cap. Empty or whitespace-only sources are not decoded (`Translator`
-    decodes them as START END): their translation is "" with score 0.
+    length counting START and END. Empty or whitespace-only sources are not decoded (neither does
+    `Translator`): their translation is "" with score 0.
 
     Beam search (`beam_rule`):
-    - "native" (default): CTranslate2's own search, as fast as CTranslate2 is: it returns the
-      `beam_size` hypotheses it finishes first (length penalty 0, so by log P), which are
-      re-ranked by log P / lp. The best one is usually, not always, `Translator`'s.
+    - "native" (default): CTranslate2's own search, as fast as CTranslate2 is: one call per
+      batch, with the batch's longest output cap (each output is then cut at its own cap, as
+      `Translator` stops it; the rare output that runs into its cap keeps the longer search's
+      score); beam search returns the `beam_size` hypotheses CTranslate2 finishes first
+      (length penalty 0, so by log P), re-ranked by log P / lp: the best one is usually, not
+      always, `Translator`'s.
     - "exact": asks CTranslate2 for every hypothesis it finishes, ranks them by log P / lp and
-      stops as `decoding.beam_search` does (see `_beam`): `Translator`'s results exactly, at the
-      cost of longer searches.
+      stops as `decoding.beam_search` does (see `_beam`), and decodes sentences in groups of
+      equal cap (CTranslate2 takes one length limit per call): `Translator`'s results exactly,
+      at the cost of longer searches and smaller batches.
 
     Args:
         model_dir: a folder written by `export_ctranslate2`.
@@ -366,17 +369,19 @@ class CTranslate2Translator:
         return self._translate(batch, self._beam, not_decoded=not_decoded)
 
     def _translate(self, batch, decode, not_decoded) -> list:
-        """Runs `decode(sources, cap)` on each group of sources with the same output cap;
-        `not_decoded` stands for empty sources."""
+        """Runs `decode(sources, cap)` on each group of sources with the same output cap (with
+        the "native" rule: on all of them at once, with the longest cap, each output then cut
+        at its own cap); `not_decoded` stands for empty sources."""
         sources = [self._source_pieces(source) for source in _strings(batch)]
+        caps = {index: self._cap(pieces) for index, pieces in enumerate(sources)
+                if pieces is not None}
         groups = defaultdict(list)
-        for index, pieces in enumerate(sources):
-            if pieces is not None:
-                groups[self._cap(pieces)].append(index)
+        for index, cap in caps.items():
+            groups[max(caps.values()) if self.beam_rule == "native" else cap].append(index)
         results = [not_decoded] * len(sources)
         for cap, indices in groups.items():
             for index, result in zip(indices, decode([sources[i] for i in indices], cap)):
-                results[index] = result
+                results[index] = _cut(result, caps[index])
         return results
 
     def _source_pieces(self, source: bytes) -> list[str] | None:
@@ -494,6 +499,13 @@ class CTranslate2Translator:
 # sources are truncated here, keeping their END; return_end_token: |Y| counts END.
 _SEARCH_OPTIONS = dict(length_penalty=0.0, min_decoding_length=0,
                        max_input_length=0, return_scores=True, return_end_token=True)
+
+
+def _cut(result, cap: int):
+    """A greedy (ids, score) or a beam's [(ids, score)] with every output cut at `cap` tokens."""
+    if isinstance(result, tuple):
+        return result[0][:cap], result[1]
+    return [(ids[:cap], score) for ids, score in result]
 
 
 def length_penalty(length: int, alpha: float) -> float:

@@ -14,6 +14,7 @@ from ctranslate2.specs.model_spec import OPTIONAL  # noqa: E402
 
 from keras_transformer.config import ConfigError, DecodeConfig, ModelConfig  # noqa: E402
 from keras_transformer.ctranslate2_export import (  # noqa: E402
+    _cut,
     SETTINGS_FILE,
     CTranslate2Translator,
     KerasTransformerConverter,
@@ -84,6 +85,11 @@ def models(request, random_translation_model, pre_norm_model):
     return random_translation_model if request.param == "post_none" else pre_norm_model
 
 
+def exact_ct2(folder):
+    """A CTranslate2Translator with the rule that reproduces `Translator` exactly."""
+    return CTranslate2Translator(folder, beam_rule="exact")
+
+
 def export(model, tokenizer, folder, decode_config=DECODE, **kwargs):
     return export_ctranslate2(model, tokenizer, tokenizer, decode_config, folder, **kwargs)
 
@@ -100,7 +106,7 @@ def tf_texts(tensor):
 def test_greedy_matches_translator(models, tmp_path):
     model, tokenizer = models
     translator = Translator(model, tokenizer, tokenizer, DECODE)
-    ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2"))
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2"))
     source_ids, caps, max_length = translator._encode_inputs(tf.constant(SENTENCES))
     ids, scores = translator._greedy_ids(source_ids, caps, max_length)
     ours = [[int(i) for i in row if i != PAD_ID] for row in ids.numpy()]
@@ -128,8 +134,7 @@ def test_beam_matches_translator(models, alpha, tmp_path):
     model, tokenizer = models
     decode_config = DecodeConfig(beam_size=4, alpha=alpha, max_extra_length=8)
     translator = Translator(model, tokenizer, tokenizer, decode_config)
-    ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2", decode_config),
-                                beam_rule="exact")
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2", decode_config))
     sources = tf.constant(SENTENCES)
 
     expected = translator.translate_beam(sources)
@@ -166,13 +171,32 @@ def test_native_beam_reranks_ctranslate2s_own_hypotheses(models, tmp_path):
         CTranslate2Translator(folder, beam_rule="fast")
 
 
+def test_native_greedy_is_one_call_per_batch_cut_at_each_cap(random_translation_model,
+                                                             tmp_path):
+    """The default rule decodes a batch in one call with its longest cap; every output is the
+    exact rule's (greedy outputs are prefixes of longer ones), and so is every score of an
+    output that ended before its cap."""
+    model, tokenizer = random_translation_model
+    folder = export(model, tokenizer, tmp_path / "ct2", DecodeConfig(max_extra_length=2))
+    native = CTranslate2Translator(folder).greedy_ids(SENTENCES)
+    exact = CTranslate2Translator(folder, beam_rule="exact").greedy_ids(SENTENCES)
+    assert [ids for ids, _ in native] == [ids for ids, _ in exact]
+    ended = [i for i, (ids, _) in enumerate(exact) if ids[-1:] == [END_ID]]
+    assert ended
+    np.testing.assert_allclose([native[i][1] for i in ended], [exact[i][1] for i in ended],
+                               atol=1e-4)
+    # An output longer than its own cap (possible under the batch's longest cap) is cut there.
+    assert _cut(([5, 6, 7, 8], -1.5), 2) == ([5, 6], -1.5)
+    assert _cut([([5, 6, 7], -1.0), ([5, END_ID], -2.0)], 2) == [([5, 6], -1.0),
+                                                                ([5, END_ID], -2.0)]
+
+
 def test_beam_rounds_give_the_search_to_the_cap(random_translation_model, tmp_path):
     """Searching first to 1 token and doubling (the stopping rule decides after each round)
     finds what one search to the cap finds."""
     model, tokenizer = random_translation_model
-    ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2",
-                                       DecodeConfig(beam_size=4, alpha=1.4, max_extra_length=8)),
-                                beam_rule="exact")
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2",
+                                       DecodeConfig(beam_size=4, alpha=1.4, max_extra_length=8)))
     for sentence in SENTENCES:
         pieces = ct2._source_pieces(sentence.encode("utf-8"))
         cap = ct2._cap(pieces)
@@ -257,12 +281,12 @@ def drop_source_markers(spec):
 def test_builtin_position_table_is_not_ours(random_translation_model, tmp_path, monkeypatch):
     """Without our table CTranslate2 uses its own, which the spec then has to replace."""
     model, tokenizer = random_translation_model
-    builtin = CTranslate2Translator(export_changed(
+    builtin = exact_ct2(export_changed(
         model, tokenizer, tmp_path / "builtin", monkeypatch, set_positions(OPTIONAL)))
-    described = CTranslate2Translator(export_changed(
+    described = exact_ct2(export_changed(
         model, tokenizer, tmp_path / "described", monkeypatch,
         set_positions(ctranslate2_sinusoids(MAX_LENGTH, 32))))
-    ours = CTranslate2Translator(export(model, tokenizer, tmp_path / "ours"))
+    ours = exact_ct2(export(model, tokenizer, tmp_path / "ours"))
     scores = {name: translator.translate_greedy(SENTENCES)["score"]
               for name, translator in [("builtin", builtin), ("described", described),
                                        ("ours", ours)]}
@@ -272,7 +296,7 @@ def test_builtin_position_table_is_not_ours(random_translation_model, tmp_path, 
 
 def test_source_markers_matter(random_translation_model, tmp_path, monkeypatch):
     model, tokenizer = random_translation_model
-    without = CTranslate2Translator(export_changed(model, tokenizer, tmp_path / "ct2",
+    without = exact_ct2(export_changed(model, tokenizer, tmp_path / "ct2",
                                                    monkeypatch, drop_source_markers))
     translator = Translator(model, tokenizer, tokenizer, DECODE)  # its tf.functions hold it weakly
     expected = translator.translate_greedy(tf.constant(SENTENCES))
@@ -283,9 +307,8 @@ def test_source_markers_matter(random_translation_model, tmp_path, monkeypatch):
 def test_beam_size_one_is_greedy(random_translation_model, tmp_path):
     """Beam size 1 ranks greedy output by log P / lp, as `decoding.beam_search` does."""
     model, tokenizer = random_translation_model
-    ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2",
-                                       DecodeConfig(beam_size=1, alpha=0.6, max_extra_length=8)),
-                                beam_rule="exact")
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2",
+                                       DecodeConfig(beam_size=1, alpha=0.6, max_extra_length=8)))
     greedy = ct2.greedy_ids(SENTENCES)
     beam = ct2.beam_ids(SENTENCES)
     assert [hypotheses[0][0] for hypotheses in beam] == [ids for ids, _ in greedy]
@@ -298,7 +321,7 @@ def test_position_table_bounds_lengths(random_translation_model, tmp_path):
     """CTranslate2 refuses positions past the table (it does not stop there), so sources are
     truncated and caps never exceed the table."""
     model, tokenizer = random_translation_model
-    ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2"))
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2"))
     pieces = ct2.processor.encode(SENTENCES[2], out_type=str)
     assert len(pieces) + 2 > MAX_LENGTH
     with pytest.raises(RuntimeError, match="position"):
@@ -327,7 +350,7 @@ def test_int8_translates(random_translation_model, tmp_path):
     model, tokenizer = random_translation_model
     folder = export(model, tokenizer, tmp_path / "ct2", quantization="int8")
     assert json.loads((folder / SETTINGS_FILE).read_text())["quantization"] == "int8"
-    ct2 = CTranslate2Translator(folder)
+    ct2 = exact_ct2(folder)
     for result in (ct2.translate_greedy(SENTENCES), ct2.translate_beam(SENTENCES)):
         assert result["translation"].shape == result["score"].shape == (len(SENTENCES),)
         assert all(isinstance(t, bytes) for t in result["translation"])
@@ -336,7 +359,7 @@ def test_int8_translates(random_translation_model, tmp_path):
 
 def test_empty_sources_are_not_decoded(random_translation_model, tmp_path):
     model, tokenizer = random_translation_model
-    ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2"))
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2"))
     mixed = ["", SENTENCES[0], "   \t ", SENTENCES[1], "\n"]
     alone = ct2.translate_greedy(SENTENCES[:2])
     for result, full in ((ct2.translate_greedy(mixed), alone),
@@ -352,7 +375,7 @@ def test_empty_sources_are_not_decoded(random_translation_model, tmp_path):
 
 def test_input_types_and_empty_batch(random_translation_model, tmp_path):
     model, tokenizer = random_translation_model
-    ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2"))
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2"))
     expected = texts(ct2.translate_greedy(SENTENCES[:3])["translation"])
     as_bytes = [s.encode("utf-8") for s in SENTENCES[:3]]
     for batch in (tf.constant(SENTENCES[:3]), np.array(as_bytes, dtype=object), as_bytes):
