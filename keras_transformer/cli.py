@@ -480,7 +480,7 @@ def quiet_tensorflow() -> None:
     libraries' Python warnings. TensorFlow 2.21 writes its start-up lines (oneDNN, CUDA
     drivers, cuInit) before absl's logging is initialized, which TF_CPP_MIN_LOG_LEVEL does not
     reach. An import that fails still raises, after standard error is restored."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # errors too: a real one raises in Python
     sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
