@@ -38,7 +38,7 @@ Configurations:
              `tutorial` preset larger batches lose 15-19% in validation loss at equal tokens;
              these were within 2% of the reference after 1.5M target tokens, 5% behind after
              the tutorial's 9.1M (3% in float32), and 10% ahead after 25 minutes of training
-             on 2 AVX2 cores, best 3% (experiments/RESULTS.md)
+             on 2 AVX2 cores, best 3% (experiments/RESULTS.md, experiments/log/2026-11-25.md)
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def quality(args, config, dataset, source_tokenizer, target_tokenizer, warmup_st
     (`Transformer.test_step`), the same measure whatever the configuration's batching; and
     `sentence_weighted_validation_loss`, Keras's default before that `test_step` (each batch's
     mean over its tokens, weighted by its number of sentences), which depends on the batching
-    and which the comparisons in experiments/RESULTS.md before commit 7aa226c used."""
+    and which the comparisons in experiments/log/ before commit 7aa226c used."""
     import dataclasses
 
     import numpy as np

@@ -21,8 +21,9 @@ KT="$BIN/keras-transformer"
 RUN=${RUN:-runs/$NAME}
 AVERAGE=${AVERAGE:-5}
 CONFIG=experiments/$NAME.yaml
-SRC=$("$BIN/python" -c "import yaml; print(yaml.safe_load(open('$CONFIG'))['data']['source_lang'])")
-TGT=$("$BIN/python" -c "import yaml; print(yaml.safe_load(open('$CONFIG'))['data']['target_lang'])")
+# The languages as the resolved config has them (they may come from the file's `base:`).
+read -r SRC TGT < <("$BIN/python" -c "from keras_transformer.config import ExperimentConfig
+data = ExperimentConfig.from_yaml('$CONFIG').data; print(data.source_lang, data.target_lang)")
 
 start=$(date +%s)
 "$KT" train --config "$CONFIG" --output "$RUN" --progress 2 "$@"

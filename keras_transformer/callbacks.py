@@ -1,5 +1,6 @@
 """Keras callbacks of a training run: validation BLEU with translations and attention images for
-TensorBoard, tokens per second, where training starts, and the run's checkpoints.
+TensorBoard, loss, learning rate and tokens per second every N steps, where training starts, and
+the run's checkpoints.
 
 `default_callbacks` puts them in the order they must see each epoch's logs.
 """
@@ -11,10 +12,12 @@ import time
 import keras
 import numpy as np
 import tensorflow as tf
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from keras_transformer.config import ExperimentConfig
 from keras_transformer.evaluation import score
-from keras_transformer.runs import CHECKPOINT_PATTERN, Run
+from keras_transformer.runs import Run
 from keras_transformer.translator import Translator, translate_texts
 
 logger = logging.getLogger(__name__)
@@ -31,13 +34,97 @@ class TokensPerSecond(keras.callbacks.Callback):
             logs["tokens_per_second"] = logs["target_tokens"] / (time.perf_counter() - self._start)
 
 
+class StepSummaries(keras.callbacks.Callback):
+    """Writes to TensorBoard every `every_steps` optimizer steps, at the optimizer's step (so
+    that the curves continue across a resume):
+
+    - `step_loss`: the mean loss per target token over the steps since the last write;
+    - `step_learning_rate`: the learning rate at the optimizer's step;
+    - `step_tokens_per_second`: target tokens over wall time since the last write.
+
+    Reads `loss` and `target_tokens` from the batch logs: both run over the epoch so far, the
+    loss weighted by target tokens (`Transformer.train_step` and `losses.TargetTokens`).
+
+    Keras 3.15's `TensorBoard(update_freq=N)` does not do this job: its step counts the batches
+    of the current `fit` (1 again after a resume), its `batch_loss` is the running mean of the
+    epoch, and it leaves `tf.summary.record_if(step % N == 0)` on between batches, so that every
+    summary written at the end of an epoch whose last step is not a multiple of N is dropped
+    (Keras's own epoch scalars, `val_bleu`, the translations).
+
+    Args:
+        log_dir: a folder of its own (not Keras's `logs/train`): TensorBoard's Python loader
+            (`--load_fast=false`) follows only the newest event file of a folder while it runs.
+        every_steps: N.
+    """
+
+    def __init__(self, log_dir, every_steps: int):
+        super().__init__()
+        self.log_dir = str(log_dir)
+        self.every_steps = every_steps
+        self._writer = None
+        self._last_step = 0
+        self._mark = (0.0, 0.0, 0.0)  # time, epoch's target tokens, summed token losses
+
+    def on_train_begin(self, logs=None):
+        self._last_step = self._step()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._mark = (time.perf_counter(), 0.0, 0.0)  # the logs' running values restart
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self._step()
+        # With gradient accumulation the step stays put for several batches.
+        if step == self._last_step or step % self.every_steps or not logs:
+            return
+        self._last_step = step
+        now, tokens = time.perf_counter(), logs["target_tokens"]
+        losses = logs["loss"] * tokens
+        then, tokens_then, losses_then = self._mark
+        self._mark = (now, tokens, losses)
+        window = tokens - tokens_then
+        self._write(step, loss=(losses - losses_then) / max(window, 1.0),
+                    learning_rate=float(keras.ops.convert_to_numpy(
+                        self.model.optimizer.learning_rate)),
+                    tokens_per_second=window / max(now - then, 1e-9))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._writer is not None:
+            self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _step(self) -> int:
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def _write(self, step: int, **values: float) -> None:
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        with self._writer.as_default(step=step), tf.summary.record_if(True):
+            for name, value in values.items():
+                tf.summary.scalar(f"step_{name}", value, description=_STEP_DESCRIPTIONS[name])
+
+
+_STEP_DESCRIPTIONS = {
+    "loss": "Training loss per target token, mean over the steps since the previous point.",
+    "learning_rate": "Learning rate of the schedule at this optimizer step.",
+    "tokens_per_second": "Target tokens per second of wall time since the previous point.",
+}
+
+
 class ResumeLogger(keras.callbacks.Callback):
     """Logs where training starts: epoch and optimizer step (non-zero after a resume), and on
     how many replicas and in which precision (what `train.precision: auto` resolved to)."""
 
+    def __init__(self, initial_epoch: int = 0):
+        super().__init__()
+        self.initial_epoch = initial_epoch
+
     def on_train_begin(self, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
-        epoch = getattr(self.model, "_initial_epoch", None) or 0
+        epoch = self.initial_epoch
         message = (f"resuming at epoch {epoch + 1}, optimizer step {step}" if step
                    else "starting from scratch")
         message += (f" ({self.model.distribute_strategy.num_replicas_in_sync} replica(s), "
@@ -46,35 +133,74 @@ class ResumeLogger(keras.callbacks.Callback):
         print(f"keras-transformer train: {message}", flush=True)
 
 
-def default_callbacks(config: ExperimentConfig, run: Run, validation_callback=None):
+def default_callbacks(config: ExperimentConfig, run: Run, validation_callback=None,
+                      initial_epoch: int = 0):
     """Callbacks in the order they must see each epoch's logs: validation BLEU first, so that
-    checkpoints, early stopping and TensorBoard find `val_bleu`."""
-    checkpoints = run.checkpoint_dir
-    checkpoints.mkdir(exist_ok=True)
-    callbacks = [keras.callbacks.BackupAndRestore(str(run.backup_dir)), ResumeLogger(),
-                 TokensPerSecond(), keras.callbacks.TerminateOnNaN()]
+    checkpoints, early stopping and TensorBoard find `val_bleu`. `initial_epoch`: the epochs
+    the run had done before (a resumed or extended run)."""
+    callbacks = [ResumeLogger(initial_epoch), TokensPerSecond(), keras.callbacks.TerminateOnNaN()]
+    early_stopping = None
+    if config.train.log_every_steps:
+        callbacks.append(StepSummaries(run.logs_dir / "train_steps", config.train.log_every_steps))
     if validation_callback is not None:
         callbacks.append(validation_callback)
-    callbacks += [
-        keras.callbacks.ModelCheckpoint(str(checkpoints / CHECKPOINT_PATTERN),
-                                        save_weights_only=True),
-        keras.callbacks.ModelCheckpoint(str(run.weights_file("last")), save_weights_only=True),
-    ]
-    if validation_callback is not None:
-        callbacks.append(keras.callbacks.ModelCheckpoint(
-            str(run.weights_file("best")), save_weights_only=True, monitor="val_bleu",
-            mode="max", save_best_only=True))
         if config.train.early_stopping_patience:
-            callbacks.append(keras.callbacks.EarlyStopping(
-                monitor="val_bleu", mode="max", patience=config.train.early_stopping_patience))
+            early_stopping = ResumedEarlyStopping(run, config.train.early_stopping_patience,
+                                                  initial_epoch)
+    callbacks.append(RunCheckpoints(run, validation_callback is not None, early_stopping))
+    if early_stopping is not None:
+        callbacks.append(early_stopping)
     callbacks.append(keras.callbacks.TensorBoard(str(run.logs_dir), update_freq="epoch"))
     return callbacks
+
+
+class RunCheckpoints(keras.callbacks.Callback):
+    """Records every finished epoch in the run folder (`Run.save_epoch`): its checkpoint,
+    `last`, `best` (by `val_bleu` when `track_best`) and `state.json`, each written to a
+    temporary name and renamed, so a kill never leaves half a file (Keras's ModelCheckpoint and
+    BackupAndRestore write in place). An epoch whose loss is not finite (TerminateOnNaN stopped
+    it) is not recorded: its weights would replace good ones. After early stopping the run is
+    marked finished."""
+
+    def __init__(self, run: Run, track_best: bool, early_stopping=None):
+        super().__init__()
+        self.run, self.track_best, self.early_stopping = run, track_best, early_stopping
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        if not np.isfinite(logs.get("loss", 0.0)):
+            logger.warning("epoch %d ended with loss %s: its weights are not saved", epoch + 1,
+                           logs.get("loss"))
+            return
+        self.run.save_epoch(self.model, epoch + 1,
+                            logs.get("val_bleu") if self.track_best else None)
+
+    def on_train_end(self, logs=None):
+        if self.early_stopping is not None and self.early_stopping.stopped_epoch:
+            self.run.mark_stopped_early()
+
+
+class ResumedEarlyStopping(keras.callbacks.EarlyStopping):
+    """EarlyStopping on `val_bleu` that goes on counting where a resumed run left off: from its
+    best score and the epochs since (the run's `state.json`), not from scratch."""
+
+    def __init__(self, run: Run, patience: int, initial_epoch: int = 0):
+        super().__init__(monitor="val_bleu", mode="max", patience=patience)
+        self.run, self.initial_epoch = run, initial_epoch
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        best = (self.run.state() or {}).get("best") if self.initial_epoch else None
+        if best is not None:
+            self.best, self.best_epoch = best["val_bleu"], best["epoch"] - 1
+            self.wait = max(0, self.initial_epoch - best["epoch"])
 
 
 class ValidationBleu(keras.callbacks.Callback):
     """Greedy-decodes validation sentences after each epoch and adds `val_bleu` and `val_chrf`
     (sacreBLEU on detokenized, cased text) to the epoch logs; writes a few translations as a
-    TensorBoard text summary and a cross-attention heat map as an image summary.
+    TensorBoard text summary and the first sentence's cross-attention as an image summary
+    (`attention_figure`).
 
     Args:
         pairs: a dataset of (source, reference) strings.
@@ -128,15 +254,56 @@ class ValidationBleu(keras.callbacks.Callback):
         self._writer.flush()
 
     def _attention_image(self, source: str, translation: str) -> np.ndarray:
-        """Last decoder layer's cross-attention (mean over heads) for one pair, as an RGB image
-        `[target_len, source_len, 3]` scaled up for visibility."""
+        """The last decoder layer's cross-attention for one pair, one panel per head, as an RGB
+        image uint8 `[height, width, 3]`."""
         limit = self.model.config.max_positions  # a bad translation re-tokenizes longer
-        source_ids = self.source_tokenizer.tokenize(tf.constant([source])).to_tensor()
+        source_ids = self.source_tokenizer.tokenize(tf.constant([source])).to_tensor()[:, :limit]
         target_ids = self.target_tokenizer.tokenize(tf.constant([translation])).to_tensor()
-        weights = self.model.cross_attention_scores(source_ids[:, :limit],
-                                                    target_ids[:, :-1][:, :limit])
-        heat = tf.reduce_mean(weights[0], axis=0)  # [target_len, source_len]
-        heat = heat / tf.maximum(tf.reduce_max(heat), 1e-9)
-        scale = 8
-        heat = tf.repeat(tf.repeat(heat, scale, axis=0), scale, axis=1)
-        return tf.stack([heat, heat * 0.5, 1.0 - heat], axis=-1)
+        target_in, target_out = target_ids[:, :-1][:, :limit], target_ids[:, 1:][:, :limit]
+        weights = self.model.cross_attention_scores(source_ids, target_in)  # [1, heads, out, in]
+        figure = attention_figure(tf.cast(weights[0], tf.float32).numpy(),
+                                  _pieces(self.source_tokenizer, source_ids[0]),
+                                  _pieces(self.target_tokenizer, target_out[0]))
+        return figure_to_image(figure)
+
+
+def _pieces(tokenizer, ids) -> list[str]:
+    """The subword strings of int ids `[len]`."""
+    return [piece.decode("utf-8", "replace") for piece in tokenizer.lookup(ids).numpy()]
+
+
+def attention_figure(weights: np.ndarray, source_pieces: list[str],
+                     output_pieces: list[str]) -> Figure:
+    """Attention `weights` `[heads, output_len, source_len]` drawn as the tf.text tutorial's
+    attention plot: one panel per head (four to a row), the source pieces along the x axis, the
+    output pieces along the y axis, on one color scale with a color bar.
+
+    `output_pieces[i]` is the piece the decoder produced while attending with row i (so it
+    starts with the first piece after START and ends with END).
+    """
+    heads, rows, columns = weights.shape
+    if (rows, columns) != (len(output_pieces), len(source_pieces)):
+        raise ValueError(f"attention of shape {weights.shape} for {len(output_pieces)} output "
+                         f"and {len(source_pieces)} source pieces")
+    per_row = min(heads, 4)
+    panel_rows = -(-heads // per_row)
+    # Inches per panel: a fifth of an inch a piece (20 pixels), plus room for the labels.
+    width, height = 0.2 * columns + 1.2, 0.2 * rows + 1.2
+    figure = Figure(figsize=(per_row * width + 0.8, panel_rows * height), layout="constrained")
+    panels = figure.subplots(panel_rows, per_row, squeeze=False).ravel()
+    for head, axes in enumerate(panels[:heads]):
+        image = axes.matshow(weights[head], vmin=0.0, vmax=max(float(weights.max()), 1e-9))
+        axes.set_xticks(range(columns), source_pieces, rotation=90, fontsize=8)
+        axes.set_yticks(range(rows), output_pieces, fontsize=8)
+        axes.set_xlabel(f"Head {head + 1}")
+    for axes in panels[heads:]:
+        axes.set_axis_off()
+    figure.colorbar(image, ax=panels.tolist(), shrink=0.8, label="attention weight")
+    return figure
+
+
+def figure_to_image(figure: Figure) -> np.ndarray:
+    """A matplotlib figure rendered by Agg, as RGB uint8 `[height, width, 3]`."""
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()

@@ -7,6 +7,7 @@
     keras-transformer train --config experiments/NAME.yaml [--set k=v ...] --output runs/NAME
     keras-transformer average --run runs/NAME --last N [--upper-bound EPOCH]
     keras-transformer export --run runs/NAME --output saved_models/NAME [--version N] [--beam K]
+    keras-transformer export --run runs/NAME --format ctranslate2 [--quantization int8] --output DIR
     keras-transformer translate --model saved_models/NAME/1 [--beam K | --greedy] < in > out
     keras-transformer evaluate --model saved_models/NAME/1 --source FILE --reference FILE
     keras-transformer tune-search --run runs/NAME --source VAL --reference VAL --beam 4,5 --alpha 0.6,1
@@ -15,6 +16,10 @@ TensorFlow is imported only when a subcommand runs (so `--help` and `--version` 
 and its start-up logging is silenced unless `--verbose` is given. A user's mistake (a missing
 file, a bad config value, bad data) is one line on stderr and exit code 2; a traceback means a
 bug, and `--verbose` shows the traceback of every error.
+
+`translate` and `evaluate` read their input as bytes: bytes that are not UTF-8 become U+FFFD
+(with a warning line naming the file and line), CR before LF is dropped, and every input line,
+empty or not, gives exactly one output line.
 """
 
 from __future__ import annotations
@@ -29,8 +34,11 @@ from keras_transformer import __version__
 from keras_transformer.config import ConfigError
 from keras_transformer.text_io import DataError
 
-# Errors that are the user's to fix: printed as one line, exit code 2.
-USER_ERRORS = (ConfigError, DataError, FileNotFoundError, FileExistsError)
+# Errors that are the user's to fix: printed as one line, exit code 2. OSError holds
+# FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError and a SavedModel whose
+# saved_model.pb does not parse.
+USER_ERRORS = (ConfigError, DataError, OSError)
+MAX_WARNINGS = 10  # invalid UTF-8 lines listed one by one on stderr, then counted
 
 
 def _info(args) -> int:
@@ -122,7 +130,10 @@ def _train(args) -> int:
 
     if args.logical_cpus:
         training.split_cpu(args.logical_cpus)
-    history = training.train(_load_config(args), args.output, verbose=args.progress)
+    history = training.train(_load_config(args), args.output, verbose=args.progress,
+                             overwrite=args.overwrite)
+    if history is None:  # finished before: train said so
+        return 0
     final = {k: round(v[-1], 4) for k, v in history.history.items()}
     print(f"keras-transformer train: finished {args.output}: {final}")
     return 0
@@ -141,7 +152,8 @@ def _export(args) -> int:
     from keras_transformer.export import export_run
 
     path = export_run(args.run_dir, args.output, version=args.version, weights=args.weights,
-                      beam_size=args.beam, alpha=args.alpha, jit_compile=args.xla)
+                      beam_size=args.beam, alpha=args.alpha, jit_compile=args.xla,
+                      format=args.format, quantization=args.quantization)
     print(f"exported {args.run_dir} to {path}")
     return 0
 
@@ -154,11 +166,11 @@ def _translate_function(args):
 
         module = translator_from_run(args.run_dir, weights=args.weights, beam_size=args.beam)
     else:
-        from keras_transformer.export import load_translator
+        from keras_transformer.export import load_any
 
-        module = load_translator(args.model)
+        module = load_any(args.model)
         if args.beam is not None and not args.greedy:
-            exported = int(module.translate_nbest(_strings([""]))["scores"].shape[1])
+            exported = int(module.translate_nbest(_strings(["."]))["scores"].shape[1])
             if args.beam != exported:
                 raise ConfigError(
                     f"--beam {args.beam}: {args.model} was exported with beam size {exported};"
@@ -203,17 +215,56 @@ def _translate_lines(args, lines):
                            workers=args.workers)
 
 
-def _read_lines(path) -> list[str]:
-    """The lines of a plain or .gz UTF-8 file (errors name the file and line)."""
-    from keras_transformer.text_io import read_lines
-
+def _read_lines(path, command: str) -> list[str]:
+    """The lines of a plain or .gz file (see `_read_user_lines`); DataError if it has none."""
+    if os.path.isdir(path):
+        raise DataError(f"{path} is a folder, not a text file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such file")
-    return list(read_lines(path))
+    lines = _read_user_lines(path, command)
+    if not lines:
+        raise DataError(f"{path}: empty file, no lines")
+    return lines
 
 
-def _read_aligned(source_path, reference_path) -> tuple[list[str], list[str]]:
-    sources, references = _read_lines(source_path), _read_lines(reference_path)
+def _read_user_lines(path, command: str) -> list[str]:
+    """`text_io.read_user_lines(path)` (None: standard input), its warnings about bytes that are
+    not UTF-8 printed as one line each on stderr (`keras-transformer translate: warning:
+    <stdin>:3: not valid UTF-8 ...`), at most MAX_WARNINGS, then their count."""
+    from keras_transformer.text_io import InvalidUtf8Warning, read_user_lines
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", InvalidUtf8Warning)
+        lines = read_user_lines(path)
+    invalid = [w for w in caught if issubclass(w.category, InvalidUtf8Warning)]
+    for warning in invalid[:MAX_WARNINGS]:
+        print(f"keras-transformer {command}: warning: {warning.message}", file=sys.stderr)
+    if len(invalid) > MAX_WARNINGS:
+        print(f"keras-transformer {command}: warning: {len(invalid) - MAX_WARNINGS} more lines "
+              f"of {'<stdin>' if path is None else path} not valid UTF-8", file=sys.stderr)
+    for warning in caught:
+        if warning not in invalid:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno)
+    return lines
+
+
+def _write_lines(lines) -> None:
+    """Writes each item as exactly one line (`text_io.one_line`) to stdout, in UTF-8 whatever
+    the locale's encoding."""
+    from keras_transformer.text_io import one_line
+
+    data = "".join(one_line(line) + "\n" for line in lines)
+    sys.stdout.flush()
+    if hasattr(sys.stdout, "buffer"):
+        sys.stdout.buffer.write(data.encode("utf-8"))
+        sys.stdout.buffer.flush()
+    else:  # a text stream without bytes underneath (e.g. io.StringIO)
+        sys.stdout.write(data)
+
+
+def _read_aligned(source_path, reference_path, command: str) -> tuple[list[str], list[str]]:
+    sources, references = _read_lines(source_path, command), _read_lines(reference_path, command)
     if len(sources) != len(references):
         raise ConfigError(f"{source_path} has {len(sources)} lines but {reference_path} has "
                           f"{len(references)}")
@@ -221,9 +272,8 @@ def _read_aligned(source_path, reference_path) -> tuple[list[str], list[str]]:
 
 
 def _translate(args) -> int:
-    lines = [line.rstrip("\n") for line in sys.stdin]
-    for translation in _translate_lines(args, lines):
-        sys.stdout.write(translation.replace("\n", " ") + "\n")
+    lines = _read_user_lines(None, args.command)
+    _write_lines(_translate_lines(args, lines))
     return 0
 
 
@@ -231,7 +281,7 @@ def _evaluate(args) -> int:
     from keras_transformer.evaluation import score
     from keras_transformer.text_io import write_lines
 
-    sources, references = _read_aligned(args.source, args.reference)
+    sources, references = _read_aligned(args.source, args.reference, args.command)
     hypotheses = _translate_lines(args, sources)
     if args.output:
         write_lines(args.output, hypotheses)
@@ -246,7 +296,7 @@ def _tune_search(args) -> int:
 
     from keras_transformer.translator import translator_from_run, tune_search
 
-    sources, references = _read_aligned(args.source, args.reference)
+    sources, references = _read_aligned(args.source, args.reference, args.command)
     translator = translator_from_run(args.run_dir, weights=args.weights)
     tuned = tune_search(translator, sources, references, args.beam, args.alpha,
                         batch_size=args.batch_size, workers=args.workers)
@@ -283,9 +333,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 0")
+    return value
+
+
 def _add_translator_arguments(parser):
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="exported version folder, e.g. saved_models/NAME/1")
+    source.add_argument("--model", help="an export: a SavedModel version folder (e.g. "
+                        "saved_models/NAME/1) or a CTranslate2 model folder")
     source.add_argument("--run", dest="run_dir",
                         help="training run folder (uses the Keras model directly)")
     search = parser.add_mutually_exclusive_group()
@@ -308,12 +366,16 @@ def _add_config_arguments(parser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    verbose = dict(action="store_true",
+                   help="show TensorFlow's start-up logging, and tracebacks of errors")
+    # Before or after the subcommand; SUPPRESS keeps a subcommand's default from overriding a
+    # --verbose given before it.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", action="store_true",
-                        help="show TensorFlow's start-up logging, and tracebacks of errors")
+    common.add_argument("-v", "--verbose", default=argparse.SUPPRESS, **verbose)
     parser = argparse.ArgumentParser(
-        prog="keras-transformer", parents=[common],
+        prog="keras-transformer",
         description="Train, export and serve the Transformer of 'Attention Is All You Need'.")
+    parser.add_argument("-v", "--verbose", default=False, **verbose)
     parser.add_argument("--version", action="version", version=f"keras-transformer {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
 
@@ -342,8 +404,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="train a model with model.fit")
     _add_config_arguments(train)
-    train.add_argument("--output", required=True, help="run folder (resumes if it holds this run)")
-    train.add_argument("--logical-cpus", type=int, default=0, metavar="N",
+    train.add_argument("--output", required=True,
+                       help="run folder: resumes the run it holds after a kill, extends it to a "
+                            "larger train.epochs, or says it is finished")
+    train.add_argument("--overwrite", action="store_true",
+                       help="delete the run that --output holds (another config, or a finished "
+                            "run) and train anew")
+    train.add_argument("--logical-cpus", type=_non_negative_int, default=0, metavar="N",
                        help="split the CPU into N logical devices (distribution without GPUs)")
     train.add_argument("--progress", type=int, default=1, choices=(0, 1, 2),
                        help="model.fit's verbose: 1 a progress bar, 2 one line per epoch, 0 none")
@@ -367,6 +434,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "run's decode.beam_size)")
     export.add_argument("--alpha", type=float, help="length penalty (default: decode.alpha)")
     export.add_argument("--weights", default="best", help="best, last, or a weight file")
+    export.add_argument("--format", choices=("savedmodel", "ctranslate2"), default="savedmodel",
+                        help="savedmodel (TF Serving; OUTPUT/VERSION/) or ctranslate2 (a "
+                             "CTranslate2 model folder at OUTPUT; needs the ctranslate2 extra)")
+    export.add_argument("--quantization", default="float32",
+                        help="with --format ctranslate2: float32, int8, bfloat16, ...")
     export.add_argument("--xla", action="store_true",
                         help="compile the search with XLA (TF Serving then needs "
                              "--xla_cpu_compilation_enabled=true)")
@@ -403,9 +475,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def quiet_tensorflow() -> None:
-    """Silences TensorFlow's C++ start-up lines (set before TensorFlow is imported), absl's and
-    TensorFlow's Python loggers, and Python warnings of the libraries."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    """Imports TensorFlow, tf-text and Keras and initializes the devices with the process's
+    standard error closed, then silences absl's and TensorFlow's Python loggers and the
+    libraries' Python warnings. TensorFlow 2.21 writes its start-up lines (oneDNN, CUDA
+    drivers, cuInit) before absl's logging is initialized, which TF_CPP_MIN_LOG_LEVEL does not
+    reach. An import that fails still raises, after standard error is restored."""
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # errors too: a real one raises in Python
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        import keras  # noqa: F401
+        import tensorflow as tf
+        import tensorflow_text  # noqa: F401
+
+        tf.config.list_physical_devices()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
     logging.getLogger("absl").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -423,8 +511,14 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as error:
         if args.verbose:
             raise
-        print(f"keras-transformer {args.command}: error: {error}", file=sys.stderr)
+        print(f"keras-transformer {args.command}: error: {_first_line(error)}", file=sys.stderr)
         return 2
+
+
+def _first_line(error: BaseException) -> str:
+    """The first non-empty line of an error's message (TensorFlow's run on for pages)."""
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
 
 
 if __name__ == "__main__":

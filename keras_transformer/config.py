@@ -9,12 +9,17 @@ A run is described by an experiment YAML file (`experiments/NAME.yaml`) with the
     data: {dataset: multi30k, source_lang: de, target_lang: en}
     train: {epochs: 20}
 
+A file may extend another with `base: PATH` (relative to the file; bases may have bases): the
+sections are merged key by key and the file's own values win, so experiments that share a recipe
+keep it in one place (`experiments/base/`).
+
 Every value is checked when the config is built; errors name the field and the value.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -28,6 +33,8 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRESETS_DIR = Path(os.environ.get("KERAS_TRANSFORMER_PRESETS", REPO_ROOT / "experiments" / "presets"))
 DATA_ENV = "KERAS_TRANSFORMER_DATA"
+RESERVED_IDS = 4  # PAD, START, END and UNK take the first ids of every vocabulary (tokenizers.py)
+SECTIONS = ("model", "data", "train", "decode")
 
 
 class ConfigError(ValueError):
@@ -40,8 +47,13 @@ def _check_choice(field: str, value: Any, choices: tuple) -> None:
 
 
 def _check_positive(field: str, value: Any) -> None:
-    if value <= 0:
+    if not value > 0:
         raise ConfigError(f"{field}={value!r} must be positive")
+
+
+def _check_at_least(field: str, value: Any, minimum: int, why: str = "") -> None:
+    if not value >= minimum:
+        raise ConfigError(f"{field}={value!r} must be >= {minimum}{why}")
 
 
 def _check_probability(field: str, value: Any) -> None:
@@ -65,9 +77,11 @@ class ModelConfig:
     max_positions: int = 256  # positions the positional encoding covers: the longest sequence
 
     def __post_init__(self):
-        for name in ("num_layers", "d_model", "num_heads", "dff", "source_vocab_size",
-                     "target_vocab_size", "max_positions"):
+        for name in ("num_layers", "d_model", "num_heads", "dff", "max_positions"):
             _check_positive(f"model.{name}", getattr(self, name))
+        for name in ("source_vocab_size", "target_vocab_size"):
+            _check_at_least(f"model.{name}", getattr(self, name), RESERVED_IDS + 1,
+                            f" (ids 0-{RESERVED_IDS - 1} are reserved for PAD, START, END, UNK)")
         if self.d_model % self.num_heads:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}")
@@ -119,8 +133,16 @@ class DataConfig:
 
     def __post_init__(self):
         _check_choice("data.tokenizer", self.tokenizer, ("sentencepiece", "wordpiece"))
-        for name in ("vocab_size", "max_pair_length", "tokens_per_batch", "bucket_step"):
+        for name in ("tokens_per_batch", "bucket_step", "shuffle_buffer"):
             _check_positive(f"data.{name}", getattr(self, name))
+        _check_at_least("data.vocab_size", self.vocab_size, RESERVED_IDS + 1,
+                        f" (ids 0-{RESERVED_IDS - 1} are reserved for PAD, START, END, UNK)")
+        _check_at_least("data.max_pair_length", self.max_pair_length, 3,
+                        " (START, one token, END)")
+        _check_at_least("data.sp_nbest_size", self.sp_nbest_size, -1,
+                        " (-1: all segmentations, 0 or 1: the best, n: the n best)")
+        if not self.sp_alpha >= 0:
+            raise ConfigError(f"data.sp_alpha={self.sp_alpha!r} must be >= 0")
         if self.subword_sampling:
             if self.tokenizer != "sentencepiece":
                 raise ConfigError(f"data.sp_nbest_size={self.sp_nbest_size} samples SentencePiece "
@@ -166,6 +188,7 @@ class TrainConfig:
     jit_compile: bool = False
     validation_bleu_sentences: int = 200  # greedy-decoded each epoch for BLEU; 0 disables
     early_stopping_patience: Optional[int] = None  # epochs without BLEU improvement
+    log_every_steps: int = 50  # TensorBoard loss, learning rate, tokens/s every N steps; 0 disables
     seed: int = 1234
 
     def __post_init__(self):
@@ -173,7 +196,22 @@ class TrainConfig:
             _check_positive(f"train.{name}", getattr(self, name))
         if self.steps_per_epoch is not None:
             _check_positive("train.steps_per_epoch", self.steps_per_epoch)
+        if self.log_every_steps < 0:
+            raise ConfigError(f"train.log_every_steps={self.log_every_steps!r} must be >= 0")
         _check_probability("train.label_smoothing", self.label_smoothing)
+        _check_positive("train.learning_rate_scale", self.learning_rate_scale)
+        _check_probability("train.adam_beta_1", self.adam_beta_1)
+        _check_probability("train.adam_beta_2", self.adam_beta_2)
+        _check_positive("train.adam_epsilon", self.adam_epsilon)
+        _check_at_least("train.validation_bleu_sentences", self.validation_bleu_sentences, 0)
+        if self.early_stopping_patience is not None:
+            _check_at_least("train.early_stopping_patience", self.early_stopping_patience, 1)
+            if not self.validation_bleu_sentences:
+                raise ConfigError(
+                    f"train.early_stopping_patience={self.early_stopping_patience} watches "
+                    "validation BLEU, but train.validation_bleu_sentences=0 turns it off")
+        if not 0 <= self.seed < 2 ** 32:
+            raise ConfigError(f"train.seed={self.seed!r} must be in [0, 2**32)")
         _check_choice("train.strategy", self.strategy,
                       ("auto", "mirrored", "multi_worker", "one_device", "tpu"))
         _check_choice("train.precision", self.precision,
@@ -190,7 +228,7 @@ class DecodeConfig:
 
     def __post_init__(self):
         _check_positive("decode.beam_size", self.beam_size)
-        if self.alpha < 0:
+        if not self.alpha >= 0:
             raise ConfigError(f"decode.alpha={self.alpha!r} must be >= 0")
         _check_positive("decode.max_extra_length", self.max_extra_length)
 
@@ -208,6 +246,7 @@ class ExperimentConfig:
     @classmethod
     def from_dict(cls, values: dict) -> "ExperimentConfig":
         values = dict(values)
+        _check_sections(values)
         model = dict(values.get("model") or {})
         if "preset" in model:
             preset = load_preset(model.pop("preset"))
@@ -218,13 +257,14 @@ class ExperimentConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, overrides: list[str] = ()) -> "ExperimentConfig":
-        """Loads an experiment file; `overrides` are `section.key=value` strings (YAML values)."""
+        """Loads an experiment file and its `base:` chain; `overrides` are `section.key=value`
+        strings (YAML values), applied last."""
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        values = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(values, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections, got {type(values).__name__}")
+        values = load_yaml_with_bases(path)
+        try:
+            _check_sections(values)
+        except ConfigError as error:
+            raise ConfigError(f"{path}: {error}") from None
         for override in overrides:
             apply_override(values, override)
         return cls.from_dict(values)
@@ -236,13 +276,84 @@ class ExperimentConfig:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
+def load_yaml_with_bases(path: str | os.PathLike, _named_by: tuple[Path, ...] = ()) -> dict:
+    """The values of a config file with those of its `base:` file (a path relative to it, whose
+    own base is resolved the same way) merged in: section by section, key by key, the file's
+    values winning. A missing base or a cycle of bases is a ConfigError naming the files."""
+    path = Path(path)
+    if not path.is_file():
+        if _named_by:
+            raise ConfigError(f"{_named_by[-1]}: base file not found: {path}")
+        raise ConfigError(f"config file not found: {path}")
+    values = read_yaml(path)
+    if values is None:
+        raise ConfigError(f"{path} is empty: an experiment file sets at least one of the "
+                          f"sections {', '.join(SECTIONS)} (see experiments/*.yaml)")
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(values).__name__}")
+    base = values.pop("base", None)
+    if base is None:
+        return values
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base={base!r} must be a path to a YAML file")
+    chain = (*_named_by, path)
+    base_path = path.parent / base
+    if base_path.is_file() and any(base_path.samefile(p) for p in chain):
+        cycle = " -> ".join(str(p) for p in (*chain, base_path))
+        raise ConfigError(f"{path}: base {base!r} makes a cycle: {cycle}")
+    return merge_sections(load_yaml_with_bases(base_path, chain), values)
+
+
+def merge_sections(base: dict, values: dict) -> dict:
+    """`base` updated by `values`, recursively for mappings (a section that `values` leaves
+    empty keeps the base's keys); neither input is changed."""
+    merged = dict(base)
+    for key, value in values.items():
+        if isinstance(merged.get(key), dict) and (value is None or isinstance(value, dict)):
+            merged[key] = merge_sections(merged[key], value or {})
+        else:
+            merged[key] = value
+    return merged
+
+
+def _check_sections(values: dict) -> None:
+    """Each section of an experiment is a mapping (or empty)."""
+    for section in SECTIONS:
+        value = values.get(section)
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(f"section {section!r} must be a mapping of keys (e.g. "
+                              f"'{section}: {{key: value}}'), got {value!r}")
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML document of a file (None if it is empty); ConfigError naming the file, and the
+    line, for text that is not UTF-8 or not YAML."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {error.start})") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}{_yaml_error(error)}") from None
+
+
+def _yaml_error(error: yaml.YAMLError) -> str:
+    """', line N: invalid YAML (problem)', one line."""
+    mark = getattr(error, "problem_mark", None)
+    where = f", line {mark.line + 1}" if mark is not None else ""
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"{where}: invalid YAML ({problem})"
+
+
 def load_preset(name: str) -> dict:
     """The values of a model preset, by name (`experiments/presets/NAME.yaml`) or YAML path."""
     path = Path(name) if str(name).endswith((".yaml", ".yml")) else PRESETS_DIR / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
         raise ConfigError(f"unknown model preset {name!r} ({path} not found); known: {known}")
-    return dict(yaml.safe_load(path.read_text()) or {})
+    values = read_yaml(path) or {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: a model preset is a mapping of model keys, got {values!r}")
+    return values
 
 
 def preset_names() -> list[str]:
@@ -260,7 +371,12 @@ def apply_override(values: dict, override: str) -> None:
         node = node.setdefault(section, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override {override!r}: {section!r} is not a section")
-    node[key] = yaml.safe_load(raw)
+    try:
+        node[key] = yaml.safe_load(raw)
+    except yaml.YAMLError as error:
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"override {override!r}: the value is not valid YAML "
+                          f"({problem})") from None
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
@@ -300,6 +416,8 @@ def from_dict(cls, values: dict, prefix: str):
             raise ConfigError(f"{name}={value!r} has the wrong type: expected {_type_name(hint)}")
         if hint is float or float in typing.get_args(hint):
             value = float(value) if value is not None else None
+            if value is not None and not math.isfinite(value):
+                raise ConfigError(f"{name}={value!r} must be a finite number")
         kwargs[key] = value
     return cls(**kwargs)
 

@@ -4,6 +4,7 @@ Data flow:
 
     load_pairs(config, split)                 (source_text, target_text) scalar tf.string pairs
       -> make_batches(pairs, tokenizers, ...) ((source_ids, target_in_ids), target_out_ids)
+      -> TrainingStream(...).batches(start)   training: endless, the same in every process
 
 Sources (`DataConfig.dataset`):
 - "multi30k": the tfds builder in `keras_transformer.multi30k` (local folder or download);
@@ -12,7 +13,8 @@ Sources (`DataConfig.dataset`):
   whose examples are {lang: text} dicts; `source_lang`/`target_lang` pick the direction.
 
 Policies (nothing is lost silently: `pair_stats` counts every pair as kept or dropped by reason):
-- every line is stripped of surrounding whitespace;
+- every line's whitespace is normalized (`tokenizers.normalize_whitespace`: runs of Unicode
+  whitespace become one space, none at either end), as the Translator normalizes its inputs;
 - a pair with an empty source or target is dropped (reason "empty"); for local files the first
   line numbers are logged when the files are checked;
 - a pair whose source or target, in tokens including START and END, is longer than
@@ -36,7 +38,7 @@ import tensorflow_datasets as tfds
 from keras_transformer.config import ConfigError, DataConfig
 from keras_transformer.text_io import DataError, read_parallel_lines  # noqa: F401  (DataError: re-exported)
 from keras_transformer.tokenizers import (UNK_ID, Tokenizer, build_tokenizers,
-                                          load_tokenizers)
+                                          load_tokenizers, normalize_whitespace)
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +146,8 @@ def _select_languages(examples: tf.data.Dataset, data_config: DataConfig, name: 
 
 
 def load_pairs(data_config: DataConfig, split: str) -> tf.data.Dataset:
-    """(source_text, target_text) pairs of `split`: two scalar tf.string, whitespace-stripped.
+    """(source_text, target_text) pairs of `split`: two scalar tf.string, whitespace-normalized
+    (`normalize_whitespace`, the Translator's normalization of its inputs).
 
     Pairs with an empty side are kept here and dropped (and counted) by `make_batches`/`pair_stats`.
     """
@@ -154,7 +157,7 @@ def load_pairs(data_config: DataConfig, split: str) -> tf.data.Dataset:
         pairs = _load_multi30k(data_config, split)
     else:
         pairs = _load_tfds(data_config, split)
-    return pairs.map(lambda s, t: (tf.strings.strip(s), tf.strings.strip(t)),
+    return pairs.map(lambda s, t: (normalize_whitespace(s), normalize_whitespace(t)),
                      num_parallel_calls=AUTOTUNE)
 
 
@@ -333,6 +336,11 @@ def make_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
         examples = tokenize_and_filter(cache_and_shuffle(pairs))  # new segmentations each epoch
     else:
         examples = cache_and_shuffle(tokenize_and_filter(pairs))
+    return _bucketed(examples, data_config, num_replicas).prefetch(AUTOTUNE)
+
+
+def _bucketed(examples: tf.data.Dataset, data_config: DataConfig, num_replicas: int):
+    """Batches of `make_batches` from its unpadded examples (see there)."""
     batches = examples.group_by_window(
         key_func=functools.partial(_bucket_key, config=data_config),
         reduce_func=functools.partial(_pad_bucket, config=data_config, num_replicas=num_replicas),
@@ -341,7 +349,63 @@ def make_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
     if num_replicas > 1:
         batches = batches.filter(
             lambda inputs, target_out: tf.shape(target_out)[0] % num_replicas == 0)
-    return batches.prefetch(AUTOTUNE)
+    return batches
+
+
+class TrainingStream:
+    """A run's training batches: one endless stream of passes over the pairs, the same in
+    every process, so that a run resumed at batch N reads what an uninterrupted run read there.
+
+    Pass p is the pairs shuffled with the seed (`seed`, p), then batched as `make_batches`
+    batches them (with a sampling tokenizer, tokenized after the shuffle: new segmentations
+    each pass). `batches(start)` begins at batch `start` of the stream: at pass
+    start // `pass_length()`, after skipping the rest in that pass. Without subword sampling
+    every pass has the same number of batches, so the position is exact; with it, pass lengths
+    vary a little and a resumed stream starts at about the same place.
+    """
+
+    def __init__(self, pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
+                 target_tokenizer: Tokenizer, data_config: DataConfig, *, seed: int,
+                 num_replicas: int = 1):
+        bucket_batch_sizes(data_config, num_replicas)  # fails early if a longest pair cannot fit
+        self.data_config, self.seed, self.num_replicas = data_config, seed, num_replicas
+        self._tokenizers = (source_tokenizer, target_tokenizer)
+        self._sampling = source_tokenizer.samples or target_tokenizer.samples
+        # Tokenized pairs are cached (text pairs when sampling); the cache fills during the
+        # first complete pass and every later pass of any stream of this object reads it.
+        examples = pairs if self._sampling else self._tokenize(pairs)
+        self._examples = examples.cache() if data_config.cache else examples
+        self._pass_length = None
+
+    def _tokenize(self, pairs):
+        return _filtered_examples(pairs, *self._tokenizers, self.data_config)
+
+    def _pass(self, index) -> tf.data.Dataset:
+        """The batches of pass `index` (an int64 scalar)."""
+        seed = tf.constant(self.seed, tf.int64) * 1_000_003 + index
+        examples = self._examples.shuffle(self.data_config.shuffle_buffer, seed=seed,
+                                          reshuffle_each_iteration=False)
+        if self._sampling:
+            examples = self._tokenize(examples)
+        return _bucketed(examples, self.data_config, self.num_replicas)
+
+    def pass_length(self) -> int:
+        """Batches in one pass (pass 0's when sampling), counted once; ConfigError if none."""
+        if self._pass_length is None:
+            self._pass_length = int(self._pass(tf.constant(0, tf.int64)).reduce(
+                tf.constant(0, tf.int64), lambda count, _: count + 1))
+            if not self._pass_length:
+                config = self.data_config
+                raise ConfigError(
+                    f"data.train_split={config.train_split!r} gives no batches: every pair is "
+                    f"empty or longer than data.max_pair_length={config.max_pair_length}")
+        return self._pass_length
+
+    def batches(self, start: int = 0) -> tf.data.Dataset:
+        """The stream from its batch `start` (0: the first), endless."""
+        first_pass, skip = divmod(start, self.pass_length()) if start else (0, 0)
+        stream = tf.data.Dataset.range(first_pass, 2 ** 62).flat_map(self._pass)
+        return stream.skip(skip).prefetch(AUTOTUNE)
 
 
 def fixed_size_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,

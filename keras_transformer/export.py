@@ -21,12 +21,13 @@ import tensorflow as tf
 
 from keras_transformer.config import ConfigError
 from keras_transformer.model import Transformer
-from keras_transformer.runs import Run
+from keras_transformer.runs import Run, check_writable_folder
 from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, Translator,
                                           translator_from_run)
 
 WARMUP_FILE = "tf_serving_warmup_requests"  # in assets.extra/, replayed by TF Serving on load
 PROVENANCE_FILE = "keras_transformer.json"  # in assets.extra/ (SavedModel) or the folder itself
+EXPORT_FORMATS = ("savedmodel", "ctranslate2")
 WARMUP_SENTENCES = ("Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "")
 
 
@@ -172,18 +173,64 @@ def next_version(model_root: str | os.PathLike) -> int:
 
 
 def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
-               version: int | None = None, **translator_args) -> Path:
-    """Exports a training run to `model_root/<version>/` (default: the next free version).
+               version: int | None = None, format: str = "savedmodel",
+               quantization: str = "float32", **translator_args) -> Path:
+    """Exports a training run: a SavedModel to `model_root/<version>/` (default: the next free
+    version), or with `format="ctranslate2"` a CTranslate2 model folder at `model_root` itself
+    (`quantization` float32, int8, bfloat16, ...).
 
     `translator_args` go to `translator_from_run` (weights, beam_size, alpha, jit_compile).
+    A `model_root` that cannot be written, or an existing version, is refused before the model
+    is loaded.
     """
+    if format not in EXPORT_FORMATS:
+        raise ConfigError(f"--format {format}: not one of {', '.join(EXPORT_FORMATS)}")
     if version is not None and version < 1:
         raise ConfigError(f"--version {version}: TF Serving versions are positive integers")
+    if format == "ctranslate2":
+        return _export_run_ctranslate2(run_dir, model_root, quantization, **translator_args)
+    check_writable_folder(model_root, "export folder")
+    if version is not None and (Path(model_root) / str(version)).exists():
+        raise FileExistsError(f"{Path(model_root) / str(version)} already exists: choose another "
+                              "version")
     translator = translator_from_run(run_dir, **translator_args)
     version = next_version(model_root) if version is None else version
     return export_translator(
         translator, Path(model_root) / str(version),
         provenance=run_provenance(run_dir, translator_args.get("weights", "best")))
+
+
+def _export_run_ctranslate2(run_dir, output_dir, quantization, **translator_args) -> Path:
+    if translator_args.get("jit_compile"):
+        raise ConfigError("--xla is for SavedModel exports; a CTranslate2 model has no XLA")
+    try:
+        from keras_transformer.ctranslate2_export import export_ctranslate2
+    except ImportError as error:
+        raise ConfigError(f"--format ctranslate2 needs the ctranslate2 package ({error}); "
+                          "pip install 'keras-transformer[ctranslate2]'") from None
+    output_dir = Path(output_dir)
+    if output_dir.exists():
+        raise FileExistsError(f"{output_dir} already exists: choose a new --output")
+    translator = translator_from_run(run_dir, **translator_args)
+    provenance = {**translator_provenance(translator), "format": "ctranslate2",
+                  **run_provenance(run_dir, translator_args.get("weights", "best"))}
+    provenance.pop("search")  # the settings file states beam_size and alpha itself
+    return export_ctranslate2(translator.model, translator.source_tokenizer,
+                              translator.target_tokenizer, translator.decode_config, output_dir,
+                              quantization=quantization, provenance=provenance,
+                              max_source_length=translator.max_source_length)
+
+
+def load_any(export_dir: str | os.PathLike, **ctranslate2_args):
+    """A SavedModel (`load_translator`) or a CTranslate2 export (`CTranslate2Translator`),
+    whichever `export_dir` holds; both have `translate_greedy`, `translate_beam` and
+    `translate_nbest` taking a batch of strings."""
+    export_dir = Path(export_dir)
+    if (export_dir / "model.bin").is_file():
+        from keras_transformer.ctranslate2_export import CTranslate2Translator
+
+        return CTranslate2Translator(export_dir, **ctranslate2_args)
+    return load_translator(export_dir)
 
 
 def load_translator(export_dir: str | os.PathLike):

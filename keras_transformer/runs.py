@@ -10,30 +10,55 @@ The folder, as `training.train` writes it:
 
     runs/NAME/config.yaml              the resolved config
     runs/NAME/vocab/                   tokenizer files (unless data.vocab_dir points elsewhere)
-    runs/NAME/checkpoints/epoch_NNN.weights.h5   weights after every epoch (for averaging)
+    runs/NAME/checkpoints/epoch_NNN.weights.h5   weights after every epoch (for averaging and
+                                       resuming: with the optimizer state and dropout's seeds)
     runs/NAME/last.weights.h5, best.weights.h5   last epoch, best epoch by validation BLEU
-    runs/NAME/backup/                  BackupAndRestore state (preemption-safe resume)
-    runs/NAME/logs/{train,validation}  TensorBoard event files
+    runs/NAME/state.json               epochs done, optimizer step, best epoch, early stop
+    runs/NAME/logs/{train,validation}  TensorBoard event files (and train_steps: every N steps)
+
+Every file but the TensorBoard logs is written to a temporary name (`.partial-PID-NAME`) and
+renamed, so a kill leaves the previous version whole, never half a file. `state.json` is written
+last at the end of an epoch: a killed run resumes from its newest epoch checkpoint that loads,
+and a run whose `state.json` says it is done is finished. Weight files carry the model config
+they were trained with (an HDF5 attribute), which `load_weights` checks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
+import h5py
+
 from keras_transformer import data as data_lib
-from keras_transformer.config import ConfigError, ExperimentConfig
+from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig
 from keras_transformer.model import Transformer
 from keras_transformer.tokenizers import META_FILE, Tokenizer, build_tokenizers, load_tokenizers
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.yaml"
+STATE_FILE = "state.json"
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_PATTERN = "epoch_{epoch:03d}.weights.h5"
 WEIGHT_NAMES = ("best", "last")
+PARTIAL_PREFIX = ".partial-"
+# HDF5 attributes of the weight files this package writes.
+MODEL_CONFIG_ATTR = "keras_transformer.model_config"
+RANDOM_STATES_ATTR = "keras_transformer.random_states"
+# What `--overwrite` deletes: everything `training.train` writes, and nothing else (backup/:
+# Keras's BackupAndRestore folder, which runs made before state.json may hold).
+RUN_ENTRIES = (CONFIG_FILE, STATE_FILE, "vocab", CHECKPOINT_DIR, "last.weights.h5",
+               "best.weights.h5", "logs", "backup")
+
+
+class DamagedWeightsError(ConfigError):
+    """A weight file cannot be read (truncated, or not HDF5)."""
 
 
 class Run:
@@ -44,20 +69,50 @@ class Run:
         self._config: ExperimentConfig | None = None
 
     @classmethod
-    def create(cls, config: ExperimentConfig, path: str | os.PathLike) -> "Run":
-        """Creates the run folder, or checks that it holds this same run (to resume).
+    def create(cls, config: ExperimentConfig, path: str | os.PathLike, *,
+               overwrite: bool = False) -> "Run":
+        """Creates the run folder, or checks that it holds this same run (to resume or extend).
 
-        Raises ConfigError, and writes nothing, if the folder holds another run's config.
+        Raises ConfigError, and writes nothing, if `path` is a file or cannot be written in, or
+        holds another run (another config, or checkpoints without a config). With `overwrite`
+        the files of the run it holds are deleted first, with a warning that lists them.
         """
         run = cls(path)
-        if run.config_path.exists():
+        check_writable_folder(run.path)
+        if overwrite:
+            run.delete()
+        elif run.config_path.exists():
             previous = _comparable(run.config)
             if previous != _comparable(config):
                 changed = sorted(_diff(previous, _comparable(config)))
                 raise ConfigError(f"{run.path} holds another run's config (differs in "
-                                  f"{', '.join(changed)}); choose a new --output or delete it")
+                                  f"{', '.join(changed)}); choose another --output, or add "
+                                  "--overwrite to delete that run and train this one")
+        elif run.state_path.exists() or run.epoch_checkpoints():
+            raise ConfigError(f"{run.path} holds checkpoints but no {CONFIG_FILE}; choose another "
+                              "--output, or add --overwrite to delete them")
         run.path.mkdir(parents=True, exist_ok=True)
         return run
+
+    def delete(self) -> list[str]:
+        """Deletes the files `training.train` writes (nothing else in the folder); returns
+        their names and says which in a warning."""
+        entries = [self.path / name for name in RUN_ENTRIES]
+        entries += sorted(self.path.glob("average_*.weights.h5"))
+        entries += sorted(self.path.glob(f"{PARTIAL_PREFIX}*"))
+        deleted = []
+        for entry in entries:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+                deleted.append(f"{entry.name}/")
+            elif entry.exists() or entry.is_symlink():
+                entry.unlink()
+                deleted.append(entry.name)
+        if deleted:
+            logger.warning("deleted the previous run in %s (--overwrite): %s", self.path,
+                           ", ".join(deleted))
+        self._config = None
+        return deleted
 
     # ------------------------------------------------------------------------- paths
 
@@ -66,12 +121,12 @@ class Run:
         return self.path / CONFIG_FILE
 
     @property
-    def checkpoint_dir(self) -> Path:
-        return self.path / CHECKPOINT_DIR
+    def state_path(self) -> Path:
+        return self.path / STATE_FILE
 
     @property
-    def backup_dir(self) -> Path:
-        return self.path / "backup"
+    def checkpoint_dir(self) -> Path:
+        return self.path / CHECKPOINT_DIR
 
     @property
     def logs_dir(self) -> Path:
@@ -80,6 +135,10 @@ class Run:
     def weights_file(self, name: str) -> Path:
         """`best.weights.h5` or `last.weights.h5` in the run folder."""
         return self.path / f"{name}.weights.h5"
+
+    def checkpoint_file(self, epoch: int) -> Path:
+        """`checkpoints/epoch_NNN.weights.h5`: the weights after epoch `epoch` (from 1)."""
+        return self.checkpoint_dir / CHECKPOINT_PATTERN.format(epoch=epoch)
 
     @property
     def vocab_dir(self) -> Path:
@@ -98,7 +157,8 @@ class Run:
         return self._config
 
     def save_config(self, config: ExperimentConfig) -> None:
-        config.to_yaml(self.config_path)
+        with atomic_path(self.config_path) as partial:
+            config.to_yaml(partial)
         self._config = config
 
     def tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
@@ -113,7 +173,9 @@ class Run:
             path = Path(weights)
         else:
             path = self.weights_file(weights)
-            if weights == "best" and not path.exists() and self.weights_file("last").exists():
+            if weights == "best" and not path.exists():
+                if not self.weights_file("last").exists():
+                    raise ConfigError(f"no weights at {path} or {self.weights_file('last')}")
                 logger.warning("%s has no best weights (%s); using the last epoch's",
                                self.path, path.name)
                 path = self.weights_file("last")
@@ -122,16 +184,117 @@ class Run:
         return path
 
     def load_model(self, weights: str = "best") -> Transformer:
-        """The run's model (never compiled) with `best`, `last`, or a weight file's path."""
+        """The run's model (never compiled) with `best`, `last`, or a weight file's path.
+
+        ConfigError, naming the file, if it is damaged or was trained with another model config
+        than the run's `config.yaml`."""
         path = self.weights_path(weights)
         model = Transformer(self.config.model)
         model.build()
-        model.load_weights(path)
+        load_weights(model, path, self.config.model, self.config_path)
         return model
 
     def epoch_checkpoints(self) -> list[Path]:
         """The run's per-epoch weight files, oldest first."""
         return sorted(self.checkpoint_dir.glob("epoch_*.weights.h5"))
+
+    # ------------------------------------------------------------------------- training state
+
+    def state(self) -> dict | None:
+        """What `save_epoch` last recorded (None before the first epoch ends): `epoch` (epochs
+        done), `optimizer_step`, `best` ({"epoch", "val_bleu"} or None), `stopped_early`."""
+        if not self.state_path.is_file():
+            return None
+        try:
+            return json.loads(self.state_path.read_text())
+        except ValueError as error:
+            raise ConfigError(f"{self.state_path} is damaged ({error}); delete it to resume "
+                              "from the newest epoch checkpoint") from None
+
+    def epochs_done(self) -> int:
+        """Epochs the run has recorded as finished: `state.json`'s, or without it the newest
+        checkpoint's if `last` exists too (a run written before `state.json`; a kill after the
+        first checkpoint leaves no `last`)."""
+        state = self.state()
+        if state is not None:
+            return state["epoch"]
+        checkpoints = self.epoch_checkpoints()
+        if not checkpoints or not self.weights_file("last").exists():
+            return 0
+        return _epoch_of(checkpoints[-1])
+
+    def finished(self, config: ExperimentConfig) -> str | None:
+        """Why the run needs no more training with `config`, or None if it does."""
+        done = self.epochs_done()
+        if (self.state() or {}).get("stopped_early"):
+            return (f"{self.path} is finished: early stopping ended it after epoch {done} "
+                    f"(train.early_stopping_patience); --overwrite trains it anew")
+        if done and done >= config.train.epochs:
+            return (f"{self.path} is finished: {done} epochs done, "
+                    f"train.epochs={config.train.epochs}; raise train.epochs (--set "
+                    "train.epochs=N) to extend it, or --overwrite to train it anew")
+        return None
+
+    def save_epoch(self, model, epoch: int, val_bleu: float | None = None) -> None:
+        """Records a finished epoch: its checkpoint (weights, optimizer state, dropout's seeds),
+        `last`, `best` if `val_bleu` beats the best so far, then `state.json`, each written
+        whole or not at all, in that order (so the state never names a missing file)."""
+        checkpoint = self.checkpoint_file(epoch)
+        checkpoint.parent.mkdir(exist_ok=True)
+        save_weights(model, checkpoint)
+        copy_file(checkpoint, self.weights_file("last"))
+        state = self.state() or {}
+        best = state.get("best")
+        if val_bleu is not None and (best is None or val_bleu > best["val_bleu"]):
+            copy_file(checkpoint, self.weights_file("best"))
+            best = {"epoch": epoch, "val_bleu": float(val_bleu)}
+        self._write_state({"epoch": epoch,
+                           "optimizer_step": int(model.optimizer.iterations.numpy()),
+                           "checkpoint": str(checkpoint.relative_to(self.path)),
+                           "best": best, "stopped_early": False})
+
+    def mark_stopped_early(self) -> None:
+        """Records that early stopping ended the run: it is finished."""
+        state = self.state()
+        if state is not None:
+            self._write_state({**state, "stopped_early": True})
+
+    def _write_state(self, state: dict) -> None:
+        with atomic_path(self.state_path) as partial:
+            partial.write_text(json.dumps(state, indent=1) + "\n")
+
+    def restore(self, model) -> int:
+        """Loads the newest epoch checkpoint that loads into `model` (compiled, optimizer
+        built): weights, optimizer state and dropout's seeds. Returns its epoch, 0 if the run
+        has no checkpoint. A damaged checkpoint is reported by name and the one before it is
+        tried; ConfigError if none loads. A checkpoint newer than `state.json` (a kill came
+        between writing the two) is recorded now, as its epoch's end would have."""
+        checkpoints = self.epoch_checkpoints()
+        damaged = []
+        for path in reversed(checkpoints):
+            try:
+                load_weights(model, path, self.config.model, self.config_path)
+            except DamagedWeightsError as error:
+                logger.warning("%s", error)
+                damaged.append(path.name)
+                continue
+            if damaged:
+                logger.warning("resuming from %s, the newest checkpoint that loads (damaged: %s)",
+                               path, ", ".join(damaged))
+            epoch = _epoch_of(path)
+            if epoch > self.epochs_done():
+                self.save_epoch(model, epoch)
+            return epoch
+        if checkpoints:
+            raise ConfigError(f"no checkpoint in {self.checkpoint_dir} loads; add --overwrite "
+                              "to train the run anew")
+        return 0
+
+    def remove_partial_files(self) -> None:
+        """Deletes what a killed process left half-written (`.partial-*` files)."""
+        for folder in (self.path, self.checkpoint_dir):
+            for path in folder.glob(f"{PARTIAL_PREFIX}*"):
+                path.unlink(missing_ok=True)
 
     def average(self, last: int, output: str | os.PathLike | None = None, *,
                 upper_bound: int | None = None) -> Path:
@@ -139,6 +302,9 @@ class Run:
         the paper averaged the last 5 or 20 checkpoints), or of the `last` epochs up to epoch
         `upper_bound` (fairseq's --checkpoint-upper-bound: the model as it stood at that epoch).
         Returns the written file's path (default `average_lastN[_toE].weights.h5` in the run)."""
+        suffix = "" if upper_bound is None else f"_to{upper_bound}"
+        output = Path(output or self.path / f"average_last{last}{suffix}.weights.h5")
+        check_weights_output(output)
         paths = self.epoch_checkpoints()
         if upper_bound is not None:
             paths = [p for p in paths if _epoch_of(p) <= upper_bound]
@@ -150,14 +316,125 @@ class Run:
         model.build()
         total = None
         for path in paths[-last:]:
-            model.load_weights(path)
+            load_weights(model, path, self.config.model, self.config_path)
             weights = model.get_weights()
             total = weights if total is None else [t + w for t, w in zip(total, weights)]
         model.set_weights([(t / last).astype(w.dtype) for t, w in zip(total, model.get_weights())])
-        suffix = "" if upper_bound is None else f"_to{upper_bound}"
-        output = Path(output or self.path / f"average_last{last}{suffix}.weights.h5")
-        model.save_weights(output)
+        save_weights(model, output)
         return output
+
+
+# ----------------------------------------------------------------------------- files
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike):
+    """Yields a temporary name beside `path` to write to; renames it to `path` when the block
+    ends without an error (after syncing it to disk), deletes it otherwise. The name keeps
+    `path`'s suffix (Keras wants `.weights.h5`) and holds the process id (workers of one run
+    may write the same file)."""
+    path = Path(path)
+    partial = path.with_name(f"{PARTIAL_PREFIX}{os.getpid()}-{path.name}")
+    try:
+        yield partial
+        with open(partial, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def copy_file(source: Path, target: Path) -> None:
+    """Copies `source` to `target` through a temporary file (`atomic_path`)."""
+    with atomic_path(target) as partial:
+        shutil.copyfile(source, partial)
+
+
+def check_writable_folder(path: str | os.PathLike, what: str = "output folder") -> None:
+    """ConfigError unless `path` is a folder, or can be made one, that this process may write in
+    (checked without writing anything)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{what} {path} is a file, not a folder")
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{what} {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path}: cannot write in {existing} (permission denied or a "
+                          "read-only file system)")
+
+
+def check_weights_output(path: Path) -> None:
+    """ConfigError unless `path` names a `.weights.h5` file that can be written."""
+    if not path.name.endswith(".weights.h5"):
+        raise ConfigError(f"{path}: a weights file's name ends in .weights.h5")
+    if path.is_dir():
+        raise ConfigError(f"{path} is a folder, not a weights file")
+    check_writable_folder(path.parent, f"the folder of {path}:")
+
+
+def save_weights(model: Transformer, path: str | os.PathLike) -> Path:
+    """`model.save_weights(path)` (with the optimizer's state if it is compiled) written through
+    a temporary file, with the model config and dropout's seed states as HDF5 attributes."""
+    path = Path(path)
+    with atomic_path(path) as partial:
+        model.save_weights(partial)
+        with h5py.File(partial, "a") as f:
+            f.attrs[MODEL_CONFIG_ATTR] = json.dumps(dataclasses.asdict(model.config))
+            f.attrs[RANDOM_STATES_ATTR] = json.dumps(
+                [state.numpy().tolist() for state in random_states(model)])
+    return path
+
+
+def load_weights(model: Transformer, path: str | os.PathLike, config: ModelConfig,
+                 where: str | os.PathLike = "the config") -> None:
+    """Loads a weight file into `model`, and dropout's seed states if the file has them.
+
+    Raises DamagedWeightsError naming the file if it cannot be read, and ConfigError naming the
+    first model field that differs between the file's config and `config` (read from `where`),
+    with both values. Dropout is not compared: it acts only in training. Files written without
+    the config attribute (by Keras directly) are loaded unchecked.
+    """
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as f:
+            trained = f.attrs.get(MODEL_CONFIG_ATTR)
+            states = f.attrs.get(RANDOM_STATES_ATTR)
+    except OSError as error:
+        raise DamagedWeightsError(f"{path} is damaged ({_first_line(error)})") from None
+    if trained is not None:
+        trained = json.loads(trained)
+        for field in dataclasses.fields(ModelConfig):
+            name = field.name
+            if name != "dropout" and name in trained and trained[name] != getattr(config, name):
+                raise ConfigError(f"{path} was trained with model.{name}={trained[name]!r}, but "
+                                  f"{where} has model.{name}={getattr(config, name)!r}")
+    try:
+        model.load_weights(path)
+    except (OSError, KeyError) as error:
+        raise DamagedWeightsError(f"{path} is damaged ({_first_line(error)})") from None
+    except ValueError as error:
+        raise ConfigError(f"{path} does not fit the model of {where} "
+                          f"({_first_line(error)})") from None
+    if states is not None:
+        saved, variables = json.loads(states), random_states(model)
+        if len(saved) == len(variables):
+            for variable, value in zip(variables, saved):
+                variable.assign(value)
+
+
+def random_states(model: Transformer) -> list:
+    """The model's random seed states (Keras `SeedGenerator`s, which drive dropout): what
+    `model.variables` holds beyond its weights and metrics, in a fixed order."""
+    known = {id(v) for v in model.weights}
+    known |= {id(v) for metric in model.metrics for v in metric.variables}
+    return [v for v in model.variables if id(v) not in known]
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def vocab_dir(config: ExperimentConfig, run_path: str | os.PathLike) -> Path:
@@ -187,11 +464,13 @@ def _epoch_of(path: Path) -> int:
 
 
 def _comparable(config: ExperimentConfig) -> dict:
-    """The config without what training fills in (vocabulary sizes) or may extend (epochs)."""
+    """The config without what training fills in (vocabulary sizes), may extend (epochs) or
+    only changes what TensorBoard shows (log_every_steps)."""
     values = config.to_dict()
     for key in ("source_vocab_size", "target_vocab_size"):
         values["model"].pop(key)
     values["train"].pop("epochs")
+    values["train"].pop("log_every_steps")
     return values
 
 

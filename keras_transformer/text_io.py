@@ -11,10 +11,16 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping, Sequence
+
+
+# What str.splitlines() ends a line at: written inside a line, each would make two of it for
+# some reader.
+_LINE_BREAKS = re.compile("[\n\v\f\r\x1c-\x1e\x85\u2028\u2029]")
 
 
 class DataError(ValueError):
@@ -99,8 +105,14 @@ def read_parallel_lines(paths: Mapping[str, str | os.PathLike]) -> Iterator[tupl
         raise DataError(f"{', '.join(map(str, paths.values()))}: empty file(s), no lines")
 
 
+def one_line(text: str) -> str:
+    """`text` with every line break in it (LF, CR, U+2028, ...: those of str.splitlines)
+    replaced by a space, so that writing it and a newline writes exactly one line."""
+    return _LINE_BREAKS.sub(" ", text)
+
+
 def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> None:
-    """Writes one line per item (newlines inside an item become spaces), UTF-8."""
-    with io.open(path, "w", encoding="utf-8") as f:
+    """Writes exactly one line per item (`one_line`), UTF-8."""
+    with io.open(path, "w", encoding="utf-8", newline="\n") as f:
         for line in lines:
-            f.write(line.replace("\n", " ") + "\n")
+            f.write(one_line(line) + "\n")

@@ -60,13 +60,28 @@ SERVING_TF_TEXT_OPS = frozenset({
 
 STRINGS_SPEC = tf.TensorSpec([None], tf.string)
 
+# The characters of Python's str.isspace() (the Unicode White_Space characters plus the ASCII
+# separators U+001C-U+001F), so that the graph and Python's str.split()/strip() agree on words.
+_WHITESPACE = (r"[\t-\r\x{1c}-\x{20}\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}"
+               r"\x{202f}\x{205f}\x{3000}]+")
+
+
+def normalize_whitespace(strings):
+    """string [...] -> string [...]: every run of Unicode whitespace (tabs, newlines, repeated
+    or no-break spaces, ...) becomes one ASCII space, and leading/trailing whitespace is removed.
+
+    The one normalization of text before tokenizing, for training pairs (`data.load_pairs`) and
+    translator inputs alike. Bytes that are not UTF-8 are left as they are.
+    """
+    return tf.strings.strip(tf.strings.regex_replace(strings, _WHITESPACE, " "))
+
 
 class Tokenizer(tf.Module):
     """Strings <-> subword ids with reserved PAD/START/END/UNK ids; exportable with tf.saved_model.
 
-    Subclasses implement `_tokenize_words(strings) -> ragged int32 [batch, (len)]` (no START/END)
-    and `_detokenize_clean(ragged ids) -> string [batch]` (ids without reserved markers), and set
-    `vocab_size`.
+    Subclasses implement `_tokenize_words(strings) -> ragged int32 [batch, (len)]` (no START/END),
+    `_detokenize_clean(ragged ids) -> string [batch]` (ids without reserved markers) and
+    `lookup(ids)`, and set `vocab_size`.
     """
 
     vocab_size: int
@@ -99,6 +114,12 @@ class Tokenizer(tf.Module):
         before_end = tf.math.cumsum(tf.cast(ids == END_ID, tf.int32), axis=1) == 0
         keep = before_end & (ids != PAD_ID) & (ids != START_ID)
         return self._detokenize_clean(tf.ragged.boolean_mask(ids, keep))
+
+    def lookup(self, ids):
+        """int32 ids `[...]` (dense or ragged) -> the subword of each id, string `[...]`, as the
+        tf.text tutorial's `lookup` (e.g. for the axes of attention plots). Reserved ids give
+        their markers."""
+        raise NotImplementedError
 
     def _tokenize_words(self, strings):
         raise NotImplementedError
@@ -143,6 +164,9 @@ class SentencePieceTokenizer(Tokenizer):
     def _detokenize_clean(self, ids):
         return self.tokenizer.detokenize(ids)
 
+    def lookup(self, ids):
+        return self.tokenizer.id_to_string(ids)  # pieces as the model has them, e.g. "▁Mann"
+
 
 # Natural spacing for WordPiece output, whose words come back joined by single spaces:
 # no space before closing punctuation, none after opening brackets, none around ' ’ - /.
@@ -168,6 +192,7 @@ class WordPieceTokenizer(Tokenizer):
             raise ValueError(f"{vocab_path}: vocabulary must start with {WORDPIECE_RESERVED}, "
                              f"found {vocab[:len(WORDPIECE_RESERVED)]}")
         self.vocab_size = len(vocab)
+        self.pieces = tf.constant(vocab)  # [vocab_size] strings, for `lookup`
         self.lowercase = lowercase
         # A path string lets the lookup table's TextFileInitializer track the file as an asset too.
         self.tokenizer = text.BertTokenizer(vocab_path, lower_case=lowercase,
@@ -179,6 +204,9 @@ class WordPieceTokenizer(Tokenizer):
 
     def _detokenize_clean(self, ids):
         return self._join_words(self.tokenizer.detokenize(ids))  # words: ragged string [batch, (words)]
+
+    def lookup(self, ids):
+        return tf.gather(self.pieces, ids)  # pieces as the model has them, e.g. "##s"
 
     def normalize(self, strings):
         """string [batch] -> string [batch]: what a round trip gives back when every character is

@@ -9,6 +9,7 @@ The run folder it writes, and resumes from, is described in `keras_transformer.r
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from keras_transformer.model import Transformer
 from keras_transformer.runs import Run, prepare_tokenizers, with_vocab_sizes
 from keras_transformer.schedules import create_optimizer
 from keras_transformer.tokenizers import training_tokenizers
+
+logger = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- strategy
@@ -44,7 +47,11 @@ def split_cpu(count: int) -> None:
 
 
 def _cluster_workers() -> int:
-    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    except (ValueError, AttributeError) as error:
+        raise ConfigError(f"the TF_CONFIG environment variable is not a JSON object "
+                          f"({error})") from None
     return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
 
 
@@ -145,13 +152,26 @@ def build_compiled_state(model: Transformer, batches: tf.data.Dataset) -> None:
 # ----------------------------------------------------------------------------- train
 
 def train(config: ExperimentConfig, output_dir: str | os.PathLike,
-          verbose: str | int = "auto") -> keras.callbacks.History:
-    """Trains `config` into `output_dir` with `model.fit`; resumes if the folder holds this run.
+          verbose: str | int = "auto", *,
+          overwrite: bool = False) -> keras.callbacks.History | None:
+    """Trains `config` into `output_dir` with `model.fit`, resuming or extending the run the
+    folder holds.
 
-    Returns the Keras History. The resolved config is saved as `output_dir/config.yaml`.
-    `verbose` is `model.fit`'s: 1 a progress bar, 2 one line per epoch.
+    Returns the Keras History of the epochs trained now, or None, having written nothing, when
+    the run is finished (`train.epochs` done, or stopped early). A killed run, or a finished one
+    given a larger `train.epochs`, continues from its newest epoch checkpoint that loads
+    (weights, optimizer state, dropout's seeds) at the batch of the training stream where that
+    epoch ended (`data.TrainingStream`), as if it had never stopped. A folder holding another
+    run is refused unless `overwrite`, which deletes that run's files first. The resolved config
+    is saved as `output_dir/config.yaml`. `verbose` is `model.fit`'s: 1 a progress bar, 2 one
+    line per epoch.
     """
-    run = Run.create(config, output_dir)
+    run = Run.create(config, output_dir, overwrite=overwrite)
+    finished = run.finished(config)
+    if finished:
+        logger.info(finished)
+        print(f"keras-transformer train: {finished}", flush=True)
+        return None
     keras.utils.set_random_seed(config.train.seed)
     strategy = make_strategy(config.train.strategy)
     replicas = strategy.num_replicas_in_sync
@@ -159,13 +179,12 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     source_tokenizer, target_tokenizer = prepare_tokenizers(config, run)
     config = with_vocab_sizes(config, source_tokenizer, target_tokenizer)
     run.save_config(config)
+    run.remove_partial_files()
 
     train_pairs = data_lib.load_pairs(config.data, config.data.train_split)
-    train_batches = data_lib.make_batches(
+    stream = data_lib.TrainingStream(
         train_pairs, *training_tokenizers(config.data, source_tokenizer, target_tokenizer),
-        config.data, training=True, num_replicas=replicas)
-    if config.train.steps_per_epoch:
-        train_batches = train_batches.repeat()
+        config.data, seed=config.train.seed, num_replicas=replicas)
     validation_pairs = data_lib.load_pairs(config.data, config.data.validation_split)
     validation_batches = data_lib.make_batches(validation_pairs, source_tokenizer,
                                                target_tokenizer, config.data, training=False,
@@ -190,18 +209,22 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
             compat.keep_validation_iterator(model)
             if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
                 compat.apply_multi_worker_workarounds(model)
+            initial_epoch = run.restore(model)
+        # An epoch is steps_per_epoch batches of the stream, or one pass over the data.
+        steps = config.train.steps_per_epoch or stream.pass_length()
         validation_callback = None
         if config.train.validation_bleu_sentences:
             validation_callback = ValidationBleu(
                 validation_pairs.take(config.train.validation_bleu_sentences),
                 source_tokenizer, target_tokenizer, config, run.logs_dir / "validation")
         return model.fit(
-            train_batches,
+            stream.batches(start=initial_epoch * steps),
             validation_data=validation_batches.repeat(),
             validation_steps=validation_steps,
+            initial_epoch=initial_epoch,
             epochs=config.train.epochs,
-            steps_per_epoch=config.train.steps_per_epoch,
-            callbacks=default_callbacks(config, run, validation_callback),
+            steps_per_epoch=steps,
+            callbacks=default_callbacks(config, run, validation_callback, initial_epoch),
             verbose=verbose,
         )
     finally:

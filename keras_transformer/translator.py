@@ -20,6 +20,11 @@ Exported signatures (input `source`: string `[batch]`, any batch size including 
 
 Scores: greedy gives log P(translation | source); beam search gives log P / lp with the GNMT
 length penalty lp = ((5 + length) / 6) ** alpha (see `decoding`).
+
+Inputs are whitespace-normalized as training text was (`tokenizers.normalize_whitespace`). A
+source with no words ("" or whitespace only) is not decoded: its translation is "" with score 0
+(in translate_nbest: "" with score 0 first, then "" with `decoding.NEG_INF`, the n-best's mark
+of a slot without a hypothesis, since the empty translation is the only one).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from keras_transformer.config import DecodeConfig
 from keras_transformer.evaluation import score
 from keras_transformer.model import Transformer
 from keras_transformer.runs import Run
-from keras_transformer.tokenizers import END_ID, START_ID, Tokenizer
+from keras_transformer.tokenizers import END_ID, START_ID, Tokenizer, normalize_whitespace
 
 STRINGS_SPEC = tf.TensorSpec([None], tf.string, name="source")
 SIGNATURE_INPUT = "source"  # the input key of every exported signature
@@ -103,16 +108,14 @@ class Translator(tf.Module):
     def translate_greedy(self, source):
         """Greedy decoding: `{"translation": string [batch], "score": float32 [batch]}` with the
         sum of the tokens' log-probabilities as score."""
-        ids, scores = self._greedy_ids(*self._encode_inputs(source))  # [batch, len], [batch]
-        return {"translation": self.target_tokenizer.detokenize(ids), "score": scores}
+        return self._translate_words(source, self._greedy_rows,
+                                     {"translation": "", "score": 0.0})
 
     @tf.function(input_signature=[STRINGS_SPEC])
     def translate_beam(self, source):
         """Beam search: `{"translation": string [batch], "score": float32 [batch]}` with the
         length-normalized log-probability log P / lp as score."""
-        ids, scores = self._beam_ids(*self._encode_inputs(source), 1)  # [batch, 1, len]
-        return {"translation": self.target_tokenizer.detokenize(ids[:, 0]),
-                "score": scores[:, 0]}
+        return self._translate_words(source, self._beam_rows, {"translation": "", "score": 0.0})
 
     @tf.function(input_signature=[STRINGS_SPEC])
     def translate_nbest(self, source):
@@ -120,10 +123,9 @@ class Translator(tf.Module):
         "scores": float32 [batch, beam]}`; an empty slot (fewer possible sequences than beams)
         has translation "" and score `decoding.NEG_INF`."""
         beam_size = self.decode_config.beam_size
-        ids, scores = self._beam_ids(*self._encode_inputs(source), beam_size)  # [batch, n, len]
-        flat = tf.reshape(ids, [-1, tf.shape(ids)[2]])  # [batch * n, len]
-        texts = tf.reshape(self.target_tokenizer.detokenize(flat), [-1, beam_size])
-        return {"translations": texts, "scores": scores}
+        nothing = {"translations": [""] * beam_size,
+                   "scores": [0.0] + [decoding.NEG_INF] * (beam_size - 1)}
+        return self._translate_words(source, self._nbest_rows, nothing)
 
     def signatures(self) -> dict:
         """The concrete functions to export, keyed by signature name (see the module docstring)."""
@@ -131,6 +133,54 @@ class Translator(tf.Module):
                 "translate_greedy": self.translate_greedy.get_concrete_function(),
                 "translate_beam": self.translate_beam.get_concrete_function(),
                 "translate_nbest": self.translate_nbest.get_concrete_function()}
+
+    def _translate_words(self, source, translate_rows, no_words: dict) -> dict:
+        """Normalizes the whitespace of `source` string [batch], runs `translate_rows` on the
+        sentences that have words, and gives the others the row `no_words`.
+
+        Args:
+            translate_rows: string [n] -> {key: [n, ...]}, the n >= 1 sentences' outputs.
+            no_words: {key: one row of that key's output} for "" and whitespace-only sources.
+
+        Returns:
+            {key: [batch, ...]} in input order. The decoded sentences see exactly the batch
+            they would see without the others (so their outputs are bitwise the same), and a
+            batch without words runs no search at all.
+        """
+        source = normalize_whitespace(source)
+        has_words = tf.strings.length(source) > 0  # [batch]
+        rows = tf.range(tf.size(source))
+        decoded, skipped = tf.boolean_mask(rows, has_words), tf.boolean_mask(rows, ~has_words)
+        no_words = {key: tf.constant(value) for key, value in no_words.items()}
+
+        def no_rows():
+            return {key: tf.repeat(row[None], 0, axis=0) for key, row in no_words.items()}
+
+        outputs = tf.cond(tf.size(decoded) > 0,
+                          lambda: translate_rows(tf.gather(source, decoded)), no_rows)
+        return {key: tf.dynamic_stitch(
+                    [decoded, skipped],
+                    [outputs[key], tf.repeat(row[None], tf.size(skipped), axis=0)])
+                for key, row in no_words.items()}
+
+    def _greedy_rows(self, source):
+        """string [n] -> {"translation": string [n], "score": float32 [n]} by greedy search."""
+        ids, scores = self._greedy_ids(*self._encode_inputs(source))  # [n, len], [n]
+        return {"translation": self.target_tokenizer.detokenize(ids), "score": scores}
+
+    def _beam_rows(self, source):
+        """string [n] -> {"translation": string [n], "score": float32 [n]}, the best beam."""
+        ids, scores = self._beam_ids(*self._encode_inputs(source), 1)  # [n, 1, len], [n, 1]
+        return {"translation": self.target_tokenizer.detokenize(ids[:, 0]),
+                "score": scores[:, 0]}
+
+    def _nbest_rows(self, source):
+        """string [n] -> {"translations": string [n, beam], "scores": float32 [n, beam]}."""
+        beam_size = self.decode_config.beam_size
+        ids, scores = self._beam_ids(*self._encode_inputs(source), beam_size)  # [n, beam, len]
+        flat = tf.reshape(ids, [-1, tf.shape(ids)[2]])  # [n * beam, len]
+        texts = tf.reshape(self.target_tokenizer.detokenize(flat), [-1, beam_size])
+        return {"translations": texts, "scores": scores}
 
     def _encode_inputs(self, source):
         """Source strings -> (ids int32 [batch, len], per-sentence output caps int32 [batch],

@@ -156,3 +156,57 @@ def tiny_experiment(sentencepiece_vocab):
             data=dataclasses.replace(data_config, vocab_dir=str(vocab_dir)),
             train=TrainConfig(**values))
     return make
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """An empty folder this process cannot write in: mode 555, and for root (whom modes do not
+    stop) the immutable attribute; skips where neither holds."""
+    import subprocess
+
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    immutable = False
+    if os.access(folder, os.W_OK):
+        immutable = subprocess.run(["chattr", "+i", str(folder)],
+                                   capture_output=True).returncode == 0
+        if not immutable or os.access(folder, os.W_OK):
+            pytest.skip("cannot make a folder read-only for this user")
+    yield folder
+    if immutable:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    folder.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def random_export(random_translation_model, tmp_path_factory):
+    """The random tiny model (beam 2) exported as a SavedModel, without warmup requests."""
+    from keras_transformer.config import DecodeConfig
+    from keras_transformer.export import export_translator
+    from keras_transformer.translator import Translator
+
+    model, tokenizer = random_translation_model
+    translator = Translator(model, tokenizer, tokenizer,
+                            DecodeConfig(beam_size=2, max_extra_length=8))
+    return export_translator(translator, tmp_path_factory.mktemp("models") / "demo" / "1",
+                             warmup_sentences=None)
+
+
+@pytest.fixture(scope="module")
+def random_run(random_translation_model, sentencepiece_vocab, tmp_path_factory):
+    """A training-run folder (config, best weights, vocabulary) holding the random tiny model,
+    decoding with beam 2."""
+    import shutil
+
+    from keras_transformer.config import DecodeConfig, ExperimentConfig
+
+    model, _ = random_translation_model
+    data_config, vocab_dir = sentencepiece_vocab
+    run = tmp_path_factory.mktemp("run")
+    config = ExperimentConfig(model=model.config, data=data_config,
+                              decode=DecodeConfig(beam_size=2, max_extra_length=8))
+    config.to_yaml(run / "config.yaml")
+    model.save_weights(run / "best.weights.h5")
+    shutil.copytree(vocab_dir, run / "vocab")
+    return run

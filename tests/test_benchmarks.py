@@ -11,13 +11,18 @@ from keras_transformer.data import BatchStats
 from keras_transformer.schedules import TransformerSchedule
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_train",
-                                                  REPO_ROOT / "benchmarks" / "train.py")
+def load_benchmark(name: str):
+    """The module of `benchmarks/NAME.py`, which is a script, not a package module."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}",
+                                                  REPO_ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("train")
 
 
 def stats(batches, target_tokens):
@@ -137,3 +142,46 @@ def test_budget_spent_by_tokens_or_by_time(bench):
     assert bench.budget_spent(1000, 10.0, max_tokens=1000, max_seconds=0)
     assert not bench.budget_spent(10**9, 59.9, max_tokens=0, max_seconds=60)
     assert bench.budget_spent(1, 60.0, max_tokens=0, max_seconds=60)
+
+
+@pytest.fixture(scope="module")
+def decode_bench():
+    return load_benchmark("decode")
+
+
+def decode_row(variant, search, cores, rate, outputs=("a", "b"), alpha=None):
+    return {"variant": variant, "search": search, "alpha": alpha, "cores": cores, "beam": 4,
+            "sentences_per_second": rate, "tokens_per_second": 10 * rate,
+            "outputs": list(outputs)}
+
+
+def test_decode_ratios_are_to_ctranslate2_float32_of_the_same_search_and_cores(decode_bench):
+    rows = [decode_row("ct2_float32", "greedy", 1, 100.0), decode_row("ct2_float32", "greedy", 2, 200.0),
+            decode_row("savedmodel", "greedy", 1, 50.0), decode_row("savedmodel", "greedy", 2, 300.0),
+            decode_row("ct2_float32", "beam", 1, 40.0, alpha=0.6),
+            decode_row("savedmodel", "beam", 1, 10.0, alpha=0.6),
+            decode_row("savedmodel", "beam", 1, 8.0, alpha=1.4)]  # no reference row
+    decode_bench.add_ratios(rows)
+    assert [row["ratio"] for row in rows] == [1.0, 1.0, 0.5, 1.5, 1.0, 0.25, None]
+
+
+def test_decode_output_comparison_counts_identical_sentences(decode_bench):
+    rows = [decode_row("ct2_float32", "greedy", 1, 1.0, outputs=("a", "b", "c")),
+            decode_row("savedmodel", "greedy", 1, 1.0, outputs=("a", "x", "c")),
+            decode_row("savedmodel", "greedy", 2, 1.0, outputs=("a", "x", "c"))]
+    assert decode_bench.compare_outputs(rows) == [
+        "savedmodel greedy: 2/3 outputs identical to ct2_float32"]
+
+
+def test_decode_rows_put_the_reference_first_and_beam_rows_per_alpha(decode_bench):
+    args = decode_bench.parse_args(["--run", "r", "--data-dir", "d", "--variants",
+                                    "savedmodel,ct2_float32", "--cores", "1"])
+    paths = {(v, a): f"{v}_{a}" for v in ("savedmodel", "ct2_float32") for a in (1.4, 0.6)}
+    got = [(r["variant"], r["search"], r["alpha"], r["path"])
+           for r in decode_bench.rows(args, paths, [1.4, 0.6])]
+    assert got == [("ct2_float32", "greedy", None, "ct2_float32_1.4"),
+                   ("savedmodel", "greedy", None, "savedmodel_1.4"),
+                   ("ct2_float32", "beam", 1.4, "ct2_float32_1.4"),
+                   ("savedmodel", "beam", 1.4, "savedmodel_1.4"),
+                   ("ct2_float32", "beam", 0.6, "ct2_float32_0.6"),
+                   ("savedmodel", "beam", 0.6, "savedmodel_0.6")]

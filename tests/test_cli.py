@@ -1,7 +1,13 @@
 """The `keras-transformer` command line."""
 
+import dataclasses
+import io
+import os
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 from keras_transformer import cli
 from keras_transformer.training import resolve_precision
@@ -15,11 +21,25 @@ def test_info_prints_versions_and_preset_parameters(capsys):
     assert "preset base: 6 layers, d_model 512" in out and "63,082,496 parameters" in out
 
 
-def test_console_script_is_installed():
-    result = subprocess.run([sys.executable, "-m", "keras_transformer.cli", "info", "--preset",
-                             "tiny"], capture_output=True, text=True, timeout=120)
+SUBCOMMANDS = ("info", "build-vocab", "data-stats", "train", "average", "export", "translate",
+               "evaluate", "tune-search")
+
+
+def test_help_in_a_subprocess_lists_every_subcommand():
+    result = subprocess.run([sys.executable, "-m", "keras_transformer.cli", "--help"],
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "preset tiny: 2 layers" in result.stdout
+    assert result.stdout.startswith("usage: keras-transformer")
+    for command in SUBCOMMANDS:
+        assert f"    {command} " in result.stdout, command  # one help line per subcommand
+
+
+def test_console_script_is_installed_and_points_to_main():
+    from importlib.metadata import entry_points
+
+    scripts = entry_points(group="console_scripts", name="keras-transformer")
+    assert len(scripts) == 1, "keras-transformer is not installed (pip install -e .)"
+    assert next(iter(scripts)).load() is cli.main
 
 
 def test_unknown_preset_is_a_one_line_error(capsys):
@@ -51,3 +71,287 @@ def test_build_vocab_then_data_stats(tmp_path, multi30k_dir, capsys):
     assert cli.main(["data-stats", "--config", str(config), "--vocab", str(vocab)]) == 0
     report = capsys.readouterr().out
     assert "files de->en" in report and "400" in report and "padding" in report
+
+
+# ----------------------------------------------------------------------------- translate, evaluate
+
+def run_cli(monkeypatch, capsys, argv, stdin: bytes = b""):
+    """cli.main(argv) with `stdin` as standard input: (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def expected_translations(export_dir, lines, function="translate_beam"):
+    from keras_transformer.export import load_translator
+    from keras_transformer.translator import translate_texts
+
+    loaded = load_translator(export_dir)
+    return translate_texts(getattr(loaded, function), lines)
+
+
+def test_translate_gives_one_line_per_input_line(random_export, monkeypatch, capsys):
+    """Bytes that are not UTF-8 (Latin-1 here) become U+FFFD with a one-line warning naming the
+    line, CRLF counts as one line end, empty lines and a last line without LF give a line
+    each."""
+    stdin = (b"Ein Mann f\xe4hrt Fahrrad.\r\n\r\n\nZwei Hunde spielen im Schnee.\r\n"
+             b"  \t \nHallo \xff\xfe")
+    lines = ["Ein Mann f\ufffdhrt Fahrrad.", "", "", "Zwei Hunde spielen im Schnee.", "  \t ",
+             "Hallo \ufffd\ufffd"]
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),
+                                                   "--quiet", "--batch-size", "4"], stdin)
+    assert code == 0, err
+    assert out.split("\n") == [*expected_translations(random_export, lines), ""]
+    assert [out.split("\n")[i] for i in (1, 2, 4)] == ["", "", ""]
+    assert err.splitlines() == [
+        "keras-transformer translate: warning: <stdin>:1: not valid UTF-8 (invalid continuation "
+        "byte at byte 10); replaced by U+FFFD",
+        "keras-transformer translate: warning: <stdin>:6: not valid UTF-8 (invalid start byte "
+        "at byte 6); replaced by U+FFFD"]
+
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),
+                                                   "--quiet", "--greedy"], b"\n" * 3)
+    assert (code, out, err) == (0, "\n" * 3, "")
+
+
+def test_a_translation_is_written_on_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_translate_lines",
+                        lambda args, lines: ["a\nb", "c\r\nd\u2028e", ""][:len(lines)])
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", "unused"],
+                             b"1\n2\n3\n")
+    assert (code, out, err) == (0, "a b\nc  d e\n\n", "")
+
+
+def test_many_invalid_lines_give_a_bounded_warning(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_translate_lines", lambda args, lines: lines)
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", "unused"],
+                             b"\xe4\n" * (cli.MAX_WARNINGS + 5))
+    assert code == 0 and out == "\ufffd\n" * (cli.MAX_WARNINGS + 5)
+    assert len(err.splitlines()) == cli.MAX_WARNINGS + 1
+    assert err.splitlines()[-1] == "keras-transformer translate: warning: 5 more lines of " \
+                                   "<stdin> not valid UTF-8"
+
+
+def test_evaluate_reads_bytes_and_refuses_empty_or_unaligned_files(random_export, tmp_path,
+                                                                   monkeypatch, capsys):
+    source, reference, output = tmp_path / "src.de", tmp_path / "ref.en", tmp_path / "hyp.en"
+    source.write_bytes(b"Ein Mann f\xe4hrt Fahrrad.\r\n\r\nZwei Hunde spielen im Schnee.\r\n")
+    reference.write_bytes(b"A man rides a bike.\r\n\r\nTwo dogs play in the snow.\r\n")
+    model = ["--model", str(random_export), "--quiet"]
+    code, out, err = run_cli(monkeypatch, capsys, ["evaluate", *model, "--source", str(source),
+                                                   "--reference", str(reference),
+                                                   "--output", str(output)])
+    assert code == 0, err
+    assert "bleu:" in out and "chrf:" in out
+    assert err == (f"keras-transformer evaluate: warning: {source}:1: not valid UTF-8 (invalid "
+                   "continuation byte at byte 10); replaced by U+FFFD\n")
+    lines = ["Ein Mann f\ufffdhrt Fahrrad.", "", "Zwei Hunde spielen im Schnee."]
+    assert output.read_text(encoding="utf-8").split("\n") == [
+        *expected_translations(random_export, lines), ""]
+
+    empty, short, clean = tmp_path / "empty", tmp_path / "short", tmp_path / "clean.de"
+    empty.write_bytes(b"")
+    short.write_bytes(b"A man rides a bike.\n")
+    clean.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for source_file, reference_file, message in (
+            (empty, reference, f"{empty}: empty file, no lines"),
+            (clean, empty, f"{empty}: empty file, no lines"),
+            (clean, short, f"{clean} has 3 lines but {short} has 1"),
+            (tmp_path, reference, f"{tmp_path} is a folder, not a text file"),
+            (tmp_path / "missing", reference, "missing: no such file")):
+        code, out, err = run_cli(monkeypatch, capsys, ["evaluate", *model, "--source",
+                                                       str(source_file), "--reference",
+                                                       str(reference_file)])
+        assert code == 2 and out == "", err
+        assert err.startswith("keras-transformer evaluate: error: ") and message in err, err
+        assert len(err.splitlines()) == 1, err
+
+
+def test_model_errors_are_one_line(random_export, tmp_path, monkeypatch, capsys):
+    """A beam the export cannot do names the one it can; a model path that is a file, a missing
+    folder, or a folder whose saved_model.pb is damaged is a one-line error, exit 2."""
+    code, _, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),
+                                                 "--beam", "5"], b"Hallo\n")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "exported with beam size 2; export again with --beam 5" in err
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),
+                                                   "--beam", "2", "--quiet"], b"Hallo\n")
+    assert code == 0 and out == "\n".join(expected_translations(random_export, ["Hallo"])) + "\n"
+
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "saved_model.pb").write_bytes(b"not a protocol buffer")
+    a_file = tmp_path / "model.pb"
+    a_file.write_bytes(b"")
+    for path, message in ((a_file, "is not a SavedModel"), (tmp_path / "nowhere", "is not a "
+                          "SavedModel"), (damaged, str(damaged))):
+        code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(path)],
+                                 b"Hallo\n")
+        assert code == 2 and out == "", err
+        assert err.startswith("keras-transformer translate: error: ") and message in err, err
+        assert len(err.splitlines()) == 1, err
+# ----------------------------------------------------------------------------- user mistakes
+
+def error_line(capsys, command="train") -> str:
+    """The one line a user mistake prints on stderr (asserting there is exactly one)."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"keras-transformer {command}: error: "), lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def fake_run(tiny_experiment, tmp_path):
+    """A run folder as training leaves it, without the training: config.yaml (the tiny model
+    over the session's 1,000-piece vocabulary), state.json and an untrained model's last
+    weights, no best weights."""
+    from keras_transformer.model import Transformer
+    from keras_transformer.runs import Run, save_weights
+
+    config = tiny_experiment()
+    config = dataclasses.replace(config, model=dataclasses.replace(
+        config.model, source_vocab_size=1000, target_vocab_size=1000))
+    run = Run.create(config, tmp_path / "run")
+    run.save_config(config)
+    model = Transformer(config.model)
+    model.build()
+    save_weights(model, run.weights_file("last"))
+    return run
+
+
+@pytest.mark.parametrize("text, override, message", [
+    ("", None, "exp.yaml is empty: an experiment file sets at least one of the sections"),
+    ("model: 3\n", None, "exp.yaml: section 'model' must be a mapping of keys"),
+    ("name: x\ntrain: {epochs: 2\n", None, "exp.yaml, line 3: invalid YAML ("),
+    ("name: x\n", "train.epochs=[2", "override 'train.epochs=[2': the value is not valid YAML"),
+    ("name: x\n", "train.learning_rate_scale=-1",
+     "train.learning_rate_scale=-1.0 must be positive"),
+    ("name: x\n", "train.adam_beta_2=1", r"train.adam_beta_2=1.0 must be in [0, 1)"),
+])
+def test_config_mistakes_are_one_line_errors(tmp_path, capsys, text, override, message):
+    config = tmp_path / "exp.yaml"
+    config.write_text(text)
+    argv = ["train", "--config", str(config), "--output", str(tmp_path / "run")]
+    assert cli.main(argv + (["--set", override] if override else [])) == 2
+    assert message in error_line(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_output_that_is_a_file_or_not_writable_is_refused_before_any_work(
+        tmp_path, read_only_dir, capsys, monkeypatch):
+    from keras_transformer import training
+
+    monkeypatch.setattr(training, "prepare_tokenizers", lambda *a: pytest.fail("work began"))
+    config = tmp_path / "exp.yaml"
+    config.write_text("name: x\n")
+    (tmp_path / "file").write_text("not a folder")
+    for output, message in [
+            (tmp_path / "file", f"output folder {tmp_path / 'file'} is a file, not a folder"),
+            (read_only_dir / "run", f"output folder {read_only_dir / 'run'}: cannot write in "
+                                    f"{read_only_dir} (permission denied or a read-only file "
+                                    "system)")]:
+        assert cli.main(["train", "--config", str(config), "--output", str(output)]) == 2
+        assert error_line(capsys).endswith(message)
+
+
+def test_train_overwrite_flag_reaches_training(tmp_path, monkeypatch):
+    from keras_transformer import training
+
+    calls = []
+    monkeypatch.setattr(training, "train", lambda config, output, **kwargs: calls.append(kwargs))
+    config = tmp_path / "exp.yaml"
+    config.write_text("name: x\n")
+    for flags in ([], ["--overwrite"]):
+        assert cli.main(["train", "--config", str(config), "--output", str(tmp_path / "run"),
+                         *flags]) == 0
+    assert [call["overwrite"] for call in calls] == [False, True]
+
+
+def test_negative_logical_cpus_is_refused_by_the_parser(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train", "--config", "x.yaml", "--output", "y", "--logical-cpus", "-1"])
+    assert exit_.value.code == 2
+    assert "-1 is not >= 0" in capsys.readouterr().err
+
+
+def test_export_into_a_read_only_folder_is_refused_before_the_model_loads(
+        fake_run, read_only_dir, tmp_path, capsys, monkeypatch):
+    from keras_transformer import export
+
+    monkeypatch.setattr(export, "translator_from_run",
+                        lambda *a, **k: pytest.fail("the model was loaded"))
+    assert cli.main(["export", "--run", str(fake_run.path), "--output",
+                     str(read_only_dir / "model")]) == 2
+    assert f"export folder {read_only_dir / 'model'}: cannot write in" in error_line(capsys,
+                                                                                    "export")
+    (tmp_path / "models" / "1").mkdir(parents=True)
+    assert cli.main(["export", "--run", str(fake_run.path), "--output", str(tmp_path / "models"),
+                     "--version", "1"]) == 2
+    assert error_line(capsys, "export").endswith(
+        f"{tmp_path / 'models' / '1'} already exists: choose another version")
+
+
+@pytest.mark.parametrize("field, old, new", [("num_layers", 2, 3), ("d_model", 32, 256)])
+def test_export_with_a_config_the_weights_were_not_trained_with_is_refused(
+        fake_run, tmp_path, capsys, field, old, new):
+    text = fake_run.config_path.read_text()
+    fake_run.config_path.write_text(text.replace(f"  {field}: {old}\n", f"  {field}: {new}\n"))
+    assert cli.main(["export", "--run", str(fake_run.path), "--weights", "last",
+                     "--output", str(tmp_path / "models")]) == 2
+    assert error_line(capsys, "export").endswith(
+        f"{fake_run.weights_file('last')} was trained with model.{field}={old}, but "
+        f"{fake_run.config_path} has model.{field}={new}")
+    assert not (tmp_path / "models").exists()
+
+
+def test_truncated_weight_files_are_named(fake_run, tmp_path, capsys):
+    last = fake_run.weights_file("last")
+    last.write_bytes(last.read_bytes()[:1000])
+    assert cli.main(["export", "--run", str(fake_run.path), "--weights", "last",
+                     "--output", str(tmp_path / "models")]) == 2
+    assert f"error: {last} is damaged (Unable to synchronously open file" in error_line(
+        capsys, "export")
+    fake_run.checkpoint_dir.mkdir()
+    shutil.copyfile(last, fake_run.checkpoint_file(1))
+    assert cli.main(["average", "--run", str(fake_run.path), "--last", "1"]) == 2
+    assert f"{fake_run.checkpoint_file(1)} is damaged (" in error_line(capsys, "average")
+    assert cli.main(["average", "--run", str(fake_run.path), "--last", "1",
+                     "--output", str(tmp_path / "mean.h5")]) == 2
+    assert "mean.h5: a weights file's name ends in .weights.h5" in error_line(capsys, "average")
+
+
+def test_missing_best_weights_are_said_on_stderr(fake_run, tmp_path):
+    """"best" falls back to "last" with a warning the user sees (here before the damaged last
+    file stops the export)."""
+    last = fake_run.weights_file("last")
+    last.write_bytes(last.read_bytes()[:1000])
+    result = subprocess.run([sys.executable, "-m", "keras_transformer.cli", "export", "--run",
+                             str(fake_run.path), "--output", str(tmp_path / "models")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    warning, error = result.stderr.strip().splitlines()[-2:]
+    assert warning == (f"keras-transformer: {fake_run.path} has no best weights "
+                       "(best.weights.h5); using the last epoch's")
+    assert error.startswith(f"keras-transformer export: error: {last} is damaged")
+
+
+def test_help_and_version_do_not_import_tensorflow():
+    code = ("import sys\nfrom keras_transformer import cli\nfor argv in (['--version'], "
+            "['--help'], ['train', '--help']):\n    try:\n        cli.main(argv)\n"
+            "    except SystemExit:\n        pass\nprint('tensorflow' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip().splitlines()[-1] == "False"
+    assert "keras-transformer 0.1.0" in done.stdout
+
+
+def test_tensorflow_start_up_lines_only_with_verbose():
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    command = [sys.executable, "-m", "keras_transformer.cli", "info", "--preset", "tiny"]
+    quiet = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    assert quiet.stderr == "" and "preset tiny: 2 layers" in quiet.stdout
+    verbose = subprocess.run([*command, "--verbose"], capture_output=True, text=True, env=env,
+                             check=True)
+    assert "preset tiny: 2 layers" in verbose.stdout
+    assert verbose.stderr != ""  # TensorFlow's own start-up lines, as it prints them

@@ -1,11 +1,14 @@
-"""Config dataclasses: presets, validation errors that name field and value, YAML round trip."""
+"""Config dataclasses: presets, validation errors that name field and value, YAML round trip,
+files that extend a `base:` file."""
 
 import pytest
+import yaml
 
 from keras_transformer.config import (
     REPO_ROOT,
     ConfigError,
     DataConfig,
+    DecodeConfig,
     ExperimentConfig,
     ModelConfig,
     TrainConfig,
@@ -29,6 +32,90 @@ def test_every_experiment_file_loads_and_is_named_after_itself(path):
     config = ExperimentConfig.from_yaml(path)
     assert config.name == path.stem
     assert config.data.source_lang != config.data.target_lang
+
+
+# Values that differ between the three Multi30k experiments (each file's own) and values that
+# all three take from experiments/base/multi30k.yaml.
+MULTI30K_OWN = {
+    "multi30k_de_en": dict(source_lang="de", target_lang="en", epochs=70, sp_nbest_size=0,
+                           sp_alpha=0.1),
+    "multi30k_en_de": dict(source_lang="en", target_lang="de", epochs=75, sp_nbest_size=-1,
+                           sp_alpha=0.5),
+    "multi30k_en_fr": dict(source_lang="en", target_lang="fr", epochs=50, sp_nbest_size=0,
+                           sp_alpha=0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MULTI30K_OWN))
+def test_multi30k_experiments_extend_the_shared_base(name):
+    path = REPO_ROOT / "experiments" / f"{name}.yaml"
+    assert yaml.safe_load(path.read_text())["base"] == "base/multi30k.yaml"
+    config = ExperimentConfig.from_yaml(path)
+    own = MULTI30K_OWN[name]
+    assert config.name == name
+    assert (config.data.source_lang, config.data.target_lang) == (own["source_lang"],
+                                                                  own["target_lang"])
+    assert config.train.epochs == own["epochs"]
+    assert (config.data.sp_nbest_size, config.data.sp_alpha) == (own["sp_nbest_size"],
+                                                                 own["sp_alpha"])
+    assert (config.decode.beam_size, config.decode.alpha) == (6, 1.4)
+    # From the base (and the tutorial preset it names), the same in all three.
+    model = config.model
+    assert (model.num_layers, model.d_model, model.dff, model.num_heads) == (4, 128, 512, 8)
+    assert (model.norm, model.share_embeddings, model.dropout) == ("pre", "all", 0.3)
+    data = config.data
+    assert (data.dataset, data.tokenizer, data.vocab_size) == ("multi30k", "sentencepiece", 8000)
+    assert (data.max_pair_length, data.tokens_per_batch) == (128, 4096)
+    train = config.train
+    assert (train.steps_per_epoch, train.warmup_steps, train.learning_rate_scale) == (170, 500, 0.5)
+    assert (train.label_smoothing, train.precision, train.validation_bleu_sentences) == (
+        0.1, "auto", 300)
+
+
+def test_base_values_are_merged_section_by_section(tmp_path):
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "recipe.yaml").write_text(
+        "model: {preset: tutorial, dropout: 0.3, norm: pre}\n"
+        "train: {epochs: 10, warmup_steps: 500}\n")
+    path = tmp_path / "exp.yaml"
+    path.write_text("base: shared/recipe.yaml\nname: exp\nmodel: {dropout: 0.2}\n"
+                    "train: {epochs: 3}\ndata: {source_lang: en, target_lang: fr}\n")
+    config = ExperimentConfig.from_yaml(path, ["train.warmup_steps=50"])
+    assert (config.model.dropout, config.model.norm, config.model.d_model) == (0.2, "pre", 128)
+    assert (config.train.epochs, config.train.warmup_steps) == (3, 50)  # the file's, an override
+    assert (config.data.source_lang, config.data.target_lang) == ("en", "fr")
+    assert config.name == "exp"
+
+
+def test_bases_chain_and_the_nearest_file_wins(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "root.yaml").write_text(
+        "train: {epochs: 1, warmup_steps: 100, label_smoothing: 0.2}\n")
+    # Each base path is relative to the file that names it.
+    (tmp_path / "a" / "middle.yaml").write_text(
+        "base: b/root.yaml\ntrain: {epochs: 2, warmup_steps: 200}\n")
+    path = tmp_path / "exp.yaml"
+    path.write_text("base: a/middle.yaml\ntrain: {epochs: 3}\n")
+    train = ExperimentConfig.from_yaml(path).train
+    assert (train.epochs, train.warmup_steps, train.label_smoothing) == (3, 200, 0.2)
+
+
+def test_missing_base_names_both_files(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("base: base/nope.yaml\ntrain: {epochs: 3}\n")
+    with pytest.raises(ConfigError, match=r"exp\.yaml: base file not found: .*base/nope\.yaml"):
+        ExperimentConfig.from_yaml(path)
+
+
+def test_cycle_of_bases_is_an_error(tmp_path):
+    (tmp_path / "one.yaml").write_text("base: two.yaml\ntrain: {epochs: 1}\n")
+    (tmp_path / "two.yaml").write_text("base: one.yaml\ntrain: {epochs: 2}\n")
+    with pytest.raises(ConfigError, match=r"two\.yaml: base 'one.yaml' makes a cycle: "
+                                          r".*one\.yaml -> .*two\.yaml -> .*one\.yaml"):
+        ExperimentConfig.from_yaml(tmp_path / "one.yaml")
+    (tmp_path / "self.yaml").write_text("base: self.yaml\n")
+    with pytest.raises(ConfigError, match="makes a cycle"):
+        ExperimentConfig.from_yaml(tmp_path / "self.yaml")
 
 
 def test_preset_overrides():
@@ -112,3 +199,114 @@ def test_ints_are_accepted_for_floats_but_bools_are_not_ints(tmp_path):
     with pytest.raises(ConfigError, match="train.epochs=True"):
         ExperimentConfig.from_dict({"train": {"epochs": True}})
     assert TrainConfig().strategy == "auto"
+
+
+@pytest.mark.parametrize("cls, kwargs, message", [
+    (ModelConfig, dict(source_vocab_size=4), r"model.source_vocab_size=4 must be >= 5 \(ids 0-3"),
+    (ModelConfig, dict(target_vocab_size=0), "model.target_vocab_size=0 must be >= 5"),
+    (ModelConfig, dict(dff=-8), "model.dff=-8 must be positive"),
+    (ModelConfig, dict(max_positions=0), "model.max_positions=0 must be positive"),
+    (DataConfig, dict(vocab_size=3), "data.vocab_size=3 must be >= 5"),
+    (DataConfig, dict(max_pair_length=2), r"data.max_pair_length=2 must be >= 3 \(START"),
+    (DataConfig, dict(tokens_per_batch=0), "data.tokens_per_batch=0 must be positive"),
+    (DataConfig, dict(bucket_step=0), "data.bucket_step=0 must be positive"),
+    (DataConfig, dict(shuffle_buffer=0), "data.shuffle_buffer=0 must be positive"),
+    (DataConfig, dict(sp_nbest_size=-2), "data.sp_nbest_size=-2 must be >= -1"),
+    (DataConfig, dict(sp_alpha=-0.1), "data.sp_alpha=-0.1 must be >= 0"),
+    (TrainConfig, dict(epochs=0), "train.epochs=0 must be positive"),
+    (TrainConfig, dict(steps_per_epoch=0), "train.steps_per_epoch=0 must be positive"),
+    (TrainConfig, dict(warmup_steps=0), "train.warmup_steps=0 must be positive"),
+    (TrainConfig, dict(learning_rate_scale=-1.0),
+     "train.learning_rate_scale=-1.0 must be positive"),
+    (TrainConfig, dict(learning_rate_scale=0.0), "train.learning_rate_scale=0.0 must be positive"),
+    (TrainConfig, dict(adam_beta_1=1.0), r"train.adam_beta_1=1.0 must be in \[0, 1\)"),
+    (TrainConfig, dict(adam_beta_1=-0.1), r"train.adam_beta_1=-0.1 must be in \[0, 1\)"),
+    (TrainConfig, dict(adam_beta_2=1.5), r"train.adam_beta_2=1.5 must be in \[0, 1\)"),
+    (TrainConfig, dict(adam_epsilon=0.0), "train.adam_epsilon=0.0 must be positive"),
+    (TrainConfig, dict(label_smoothing=1.0), r"train.label_smoothing=1.0 must be in \[0, 1\)"),
+    (TrainConfig, dict(accumulate_steps=0), "train.accumulate_steps=0 must be positive"),
+    (TrainConfig, dict(validation_bleu_sentences=-1),
+     "train.validation_bleu_sentences=-1 must be >= 0"),
+    (TrainConfig, dict(early_stopping_patience=0), "train.early_stopping_patience=0 must be >= 1"),
+    (TrainConfig, dict(early_stopping_patience=3, validation_bleu_sentences=0),
+     "train.early_stopping_patience=3 watches validation BLEU, but "
+     "train.validation_bleu_sentences=0"),
+    (TrainConfig, dict(seed=-1), r"train.seed=-1 must be in \[0, 2\*\*32\)"),
+    (TrainConfig, dict(seed=2 ** 32), r"train.seed=4294967296 must be in \[0, 2\*\*32\)"),
+    (DecodeConfig, dict(beam_size=0), "decode.beam_size=0 must be positive"),
+    (DecodeConfig, dict(alpha=-0.5), "decode.alpha=-0.5 must be >= 0"),
+    (DecodeConfig, dict(max_extra_length=0), "decode.max_extra_length=0 must be positive"),
+])
+def test_every_numeric_setting_has_its_range_checked(cls, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        cls(**kwargs)
+
+
+def test_the_range_limits_themselves_are_accepted():
+    TrainConfig(adam_beta_1=0.0, adam_beta_2=0.0, validation_bleu_sentences=0, seed=0,
+                early_stopping_patience=None, label_smoothing=0.0)
+    TrainConfig(seed=2 ** 32 - 1, early_stopping_patience=1)
+    DataConfig(vocab_size=5, max_pair_length=3, tokens_per_batch=3, shuffle_buffer=1,
+               sp_nbest_size=-1, sp_alpha=0.5)
+    ModelConfig(source_vocab_size=5, target_vocab_size=5)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.learning_rate_scale=-1", "train.learning_rate_scale=-1.0 must be positive"),
+    ("train.learning_rate_scale=.nan", "train.learning_rate_scale=nan must be a finite number"),
+    ("train.adam_epsilon=.inf", "train.adam_epsilon=inf must be a finite number"),
+    ("model.dropout=.nan", "model.dropout=nan must be a finite number"),
+    ("train.epochs=[1", r"override 'train.epochs=\[1': the value is not valid YAML"),
+    ("train.epochs={a: 1", "override 'train.epochs={a: 1': the value is not valid YAML"),
+])
+def test_out_of_range_and_unparsable_overrides_are_named(tmp_path, override, message):
+    path = tmp_path / "exp.yaml"
+    path.write_text("name: demo\n")
+    with pytest.raises(ConfigError, match=message) as error:
+        ExperimentConfig.from_yaml(path, [override])
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n"])
+def test_an_empty_config_file_is_an_error_naming_it(tmp_path, text):
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"empty.yaml is empty: an experiment file sets"):
+        ExperimentConfig.from_yaml(path, ["train.epochs=2"])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model: 3\n", r"bad.yaml: section 'model' must be a mapping of keys .*got 3"),
+    ("name: x\ntrain: fast\n", r"bad.yaml: section 'train' must be a mapping .*got 'fast'"),
+    ("data: [multi30k]\n", r"bad.yaml: section 'data' must be a mapping .*got \['multi30k'\]"),
+    ("name: x\nmodel:\n  d_model: 8\n num_heads: 2\n", r"bad.yaml, line 4: invalid YAML \("),
+    ("name: x\ntrain: {epochs: 3\n", r"bad.yaml, line 3: invalid YAML \("),
+    ("name: x\n\ttrain: 1\n", r"bad.yaml, line 2: invalid YAML \("),
+    ("- model\n- train\n", "bad.yaml: expected a mapping of sections, got list"),
+])
+def test_malformed_config_files_are_one_line_errors_naming_file_and_line(tmp_path, text,
+                                                                          message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as error:
+        ExperimentConfig.from_yaml(path)
+    assert "\n" not in str(error.value)
+
+
+def test_a_config_file_that_is_not_text_is_named(tmp_path):
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"name: \xff\xfe\x00\n")
+    with pytest.raises(ConfigError, match=r"binary.yaml: not UTF-8 text \(byte 6\)"):
+        ExperimentConfig.from_yaml(path)
+    with pytest.raises(ConfigError, match="config file not found"):
+        ExperimentConfig.from_yaml(tmp_path)
+
+
+def test_a_malformed_preset_file_is_named(tmp_path):
+    preset = tmp_path / "broken.yaml"
+    preset.write_text("num_layers: [2\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml, line 2: invalid YAML"):
+        ModelConfig.from_preset(str(preset))
+    preset.write_text("- 2\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml: a model preset is a mapping"):
+        ModelConfig.from_preset(str(preset))

@@ -13,10 +13,12 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_transformer import multi30k
+from keras_transformer.cli import format_data_stats
 from keras_transformer.config import DATA_ENV, ConfigError, DataConfig
 from keras_transformer.data import (DataError, batch_stats, bucket_batch_sizes, bucket_lengths,
-                                    fixed_size_batches, load_pairs, make_batches, pair_stats,
-                                    read_parallel_lines, data_stats, format_data_stats)
+                                    check_parallel_files, fixed_size_batches, load_pairs,
+                                    make_batches, pair_stats, read_parallel_lines, split_files,
+                                    data_stats)
 from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID, training_tokenizers
 
 tfds.display_progress_bar(False)
@@ -99,6 +101,18 @@ def test_plain_and_gzip_files_and_the_val_alias(tmp_path, small_pairs):
     config = _files_config(tmp_path)
     assert _as_lists(load_pairs(config, "validation")) == small_pairs  # stripped
     assert _as_lists(load_pairs(config, "train")) == small_pairs
+
+
+def test_whitespace_inside_lines_is_normalized_as_the_translator_does(tmp_path, small_pairs):
+    """Tabs, repeated, no-break and ideographic spaces become one space; a line of only such
+    spaces becomes "" (which make_batches drops) and the file check counts it as empty."""
+    messy = [s.replace(" ", w) for s, w in zip([s for s, _ in small_pairs],
+                                               ["\t", "  ", "\u00a0", "\u3000 ", " \u2009"])]
+    _write(tmp_path / "train.de", [" \t" + s + "\u00a0\r" for s in messy] + ["\u00a0\u2003"])
+    _write(tmp_path / "train.en", [t for _, t in small_pairs] + ["x"])
+    config = _files_config(tmp_path)
+    assert _as_lists(load_pairs(config, "train")) == small_pairs + [("", "x")]
+    assert check_parallel_files(split_files(tmp_path, "train", ("de", "en"))).empty_lines == [6]
 
 
 # ----------------------------------------------------------------------------- tfds sources
@@ -272,13 +286,34 @@ def test_subword_sampling_resegments_training_pairs_every_epoch(sentencepiece_vo
 def test_data_stats_report(sentencepiece_vocab, multi30k_dir):
     config, vocab_dir = sentencepiece_vocab
     stats = data_stats(config, vocab_dir)
-    train = stats["splits"]["train"]
-    assert train["pairs"] == 29000 and train["kept"] + sum(train["dropped"].values()) == 29000
-    assert stats["splits"]["test_2016_flickr"]["pairs"] == 1000
-    assert train["batches"]["max_padded_tokens"] <= config.tokens_per_batch
-    assert train["source_length"][50] <= train["source_length"][99] <= config.max_pair_length + 100
+    splits = stats["splits"]
+    assert {name: entry["pairs"] for name, entry in splits.items()} == {
+        "train": 29000, "validation": 1014, "test_2016_flickr": 1000}
+    train = splits["train"]
+    assert train["kept"] + sum(train["dropped"].values()) == 29000
+    # Lengths count START and END of every pair; a pair is dropped as too long exactly when a
+    # side exceeds max_pair_length, so the longest pair decides whether any was.
+    longest = max(train["source_length"][100], train["target_length"][100])
+    assert (train["dropped"]["too_long"] > 0) == (longest > config.max_pair_length)
+    for side in ("source", "target"):
+        lengths = list(train[f"{side}_length"].values())  # p50, p90, p95, p99, p100
+        assert lengths == sorted(lengths) and lengths[0] >= 3
+        assert 0 <= train[f"{side}_unk_rate"] < 0.01
+    # Every kept pair is in exactly one batch of each kind; the buckets pad less than 64-pair
+    # batches and never exceed the token budget.
+    bucketed, fixed = train["batches"], train["fixed_64_batches"]
+    assert bucketed["pairs"] == fixed["pairs"] == train["kept"]
+    assert fixed["batches"] == -(-train["kept"] // 64)
+    assert bucketed["max_padded_tokens"] <= config.tokens_per_batch == bucketed["tokens_per_batch"]
+    assert bucketed["source_padding"] < fixed["source_padding"]
+    assert bucketed["target_padding"] < fixed["target_padding"]
     report = format_data_stats(stats)
-    assert "[validation] 1014 pairs" in report and "padding" in report
+    dropped = ", ".join(f"{n} {reason}" for reason, n in train["dropped"].items())
+    assert f"\n[train] 29000 pairs: {train['kept']} kept, dropped {dropped}\n" in report
+    assert "[validation] 1014 pairs" in report and "[test_2016_flickr] 1000 pairs" in report
+    assert (f"bucketed batches: {bucketed['batches']} batches in {bucketed['shapes']} shapes"
+            in report)
+    assert f"(max padded {bucketed['max_padded_tokens']}, budget 2048)" in report
 
 
 def test_read_lines_reads_plain_and_gzip_alike(tmp_path):

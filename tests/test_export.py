@@ -15,12 +15,16 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from keras_transformer import cli
 from keras_transformer.config import DecodeConfig, ExperimentConfig
+from keras_transformer.decoding import NEG_INF
 from keras_transformer.tokenizers import SERVING_TF_TEXT_OPS
-from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, WARMUP_FILE, Translator,
-                                          export_translator, load_translator, uncompiled_copy)
+from keras_transformer.export import (WARMUP_FILE, export_translator, load_translator,
+                                      uncompiled_copy)
+from keras_transformer.translator import SIGNATURE_INPUT, SIGNATURES, Translator
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "", "  ", "Zwei Hunde spielen im Schnee.",
-             " ".join(["Wort"] * 2000), "漢字 ☃ 🙂", "Hallo"]
+             " ".join(["Wort"] * 2000), "漢字 ☃ 🙂", "Hallo", "Ein Mann\tfährt\tFahrrad.",
+             "\u00a0\t\u3000"]
+NO_WORDS = [1, 2, 8]  # indices of SENTENCES without words
 BEAM_SIZE = 3
 
 # Runs in a fresh process: lists the ops TensorFlow core registers (before tensorflow_text is
@@ -153,6 +157,30 @@ def test_signatures_and_assets(export_dir):
     assert (export_dir / "assets" / "sentencepiece.model").is_file()
 
 
+def test_exported_signatures_skip_sources_without_words_and_normalize_whitespace(export_dir):
+    """In the loaded SavedModel: "" and whitespace-only sources give "" with score 0 (n-best:
+    then NEG_INF), also in a batch of nothing else, and tabs translate as spaces."""
+    loaded = load_translator(export_dir)
+    tab = SENTENCES.index("Ein Mann\tfährt\tFahrrad.")
+    for name in SIGNATURES:
+        if name == "translate_nbest":
+            texts_key, scores_key = "translations", "scores"
+            no_words_score = [0.0] + [NEG_INF] * (BEAM_SIZE - 1)
+        else:
+            texts_key, scores_key, no_words_score = "translation", "score", 0.0
+        signature = loaded.signatures[name]
+        mixed = {k: v.numpy() for k, v in signature(source=tf.constant(SENTENCES)).items()}
+        alone = {k: v.numpy() for k, v in signature(
+            source=tf.constant([SENTENCES[i] for i in NO_WORDS])).items()}
+        for texts, scores in ((mixed[texts_key][NO_WORDS], mixed[scores_key][NO_WORDS]),
+                              (alone[texts_key], alone[scores_key])):
+            assert (texts == b"").all(), name
+            np.testing.assert_array_equal(scores, np.broadcast_to(no_words_score, scores.shape))
+        for key in mixed:
+            np.testing.assert_array_equal(mixed[key][tab], mixed[key][0])
+        assert np.all(mixed[scores_key][[0, 3]] < 0)  # sentences with words were decoded
+
+
 def test_no_optimizer_state_and_sane_size(export_dir, translator):
     names = [name for name, _ in tf.train.list_variables(str(export_dir / "variables" /
                                                               "variables"))]
@@ -251,26 +279,10 @@ def test_export_refuses_an_existing_version(translator, export_dir):
         export_translator(translator, export_dir)
 
 
-@pytest.fixture(scope="module")
-def run_dir(random_translation_model, sentencepiece_vocab, tmp_path_factory):
-    """A training-run folder (config, weights, vocabulary) holding the random model."""
-    import shutil
-
-    model, _ = random_translation_model
-    data_config, vocab_dir = sentencepiece_vocab
-    run = tmp_path_factory.mktemp("run")
-    config = ExperimentConfig(model=model.config, data=data_config,
-                              decode=DecodeConfig(beam_size=2, max_extra_length=8))
-    config.to_yaml(run / "config.yaml")
-    model.save_weights(run / "best.weights.h5")
-    shutil.copytree(vocab_dir, run / "vocab")
-    return run
-
-
 def run_cli(argv, stdin=""):
     out, err = io.StringIO(), io.StringIO()
     old_stdin = sys.stdin
-    sys.stdin = io.StringIO(stdin)
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8")
     try:
         with redirect_stdout(out), redirect_stderr(err):
             code = cli.main(argv)
@@ -279,9 +291,9 @@ def run_cli(argv, stdin=""):
     return code, out.getvalue(), err.getvalue()
 
 
-def test_cli_export_translate_evaluate(run_dir, tmp_path):
+def test_cli_export_translate_evaluate(random_run, tmp_path):
     models = tmp_path / "saved_models" / "demo"
-    code, out, err = run_cli(["export", "--run", str(run_dir), "--output", str(models)])
+    code, out, err = run_cli(["export", "--run", str(random_run), "--output", str(models)])
     assert code == 0, err
     assert (models / "1" / "saved_model.pb").is_file() and "exported" in out
 
@@ -290,7 +302,7 @@ def test_cli_export_translate_evaluate(run_dir, tmp_path):
                                    "2"], "\n".join(lines) + "\n")
     assert code == 0, err
     assert "translated 4/4" in err  # the progress bar
-    code, direct, err = run_cli(["translate", "--run", str(run_dir), "--quiet", "--batch-size",
+    code, direct, err = run_cli(["translate", "--run", str(random_run), "--quiet", "--batch-size",
                                  "3"], "\n".join(lines) + "\n")
     assert code == 0, err
     assert exported == direct and len(exported.splitlines()) == len(lines)
@@ -307,7 +319,7 @@ def test_cli_export_translate_evaluate(run_dir, tmp_path):
     assert code == 2 and "exported with beam size 2" in err
     code, _, err = run_cli(["translate", "--model", str(models / "7")], "x\n")
     assert code == 2 and "not a SavedModel" in err
-    code, _, err = run_cli(["export", "--run", str(run_dir), "--output", str(models),
+    code, _, err = run_cli(["export", "--run", str(random_run), "--output", str(models),
                             "--version", "1"])
     assert code == 2 and "already exists" in err
 
@@ -325,8 +337,8 @@ def test_cli_export_translate_evaluate(run_dir, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def varied_run_dir(run_dir, random_translation_model, tmp_path_factory):
-    """`run_dir` with a weaker END bias (0.8), under which each beam size and alpha of the
+def varied_run_dir(random_run, random_translation_model, tmp_path_factory):
+    """`random_run` with a weaker END bias (0.8), under which each beam size and alpha of the
     tune-search test's grid gives other, non-empty outputs for its sentences."""
     import shutil
 
@@ -335,7 +347,7 @@ def varied_run_dir(run_dir, random_translation_model, tmp_path_factory):
     model, _ = random_translation_model
     original = model.final_layer.bias.numpy()
     run = tmp_path_factory.mktemp("varied_run") / "run"
-    shutil.copytree(run_dir, run)
+    shutil.copytree(random_run, run)
     bias = original.copy()
     bias[END_ID] = 0.8
     model.final_layer.bias.assign(bias)
@@ -356,10 +368,10 @@ def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
     from keras_transformer.translator import translate_texts
     from keras_transformer.translator import translator_from_run
 
-    run_dir = varied_run_dir
+    random_run = varied_run_dir
     grid = [(1, 0.0), (1, 1.5), (3, 0.0), (3, 1.5)]
     sources = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt Fahrrad.", "Eine Frau singt."]
-    translators = [translator_from_run(run_dir, beam_size=b, alpha=a) for b, a in grid]  # alive
+    translators = [translator_from_run(random_run, beam_size=b, alpha=a) for b, a in grid]  # alive
     outputs = [translate_texts(t.translate_beam, sources) for t in translators]
     references = outputs[3]
     assert all(references) and len({tuple(o) for o in outputs}) == len(grid)
@@ -367,7 +379,7 @@ def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
     source, reference, output = tmp_path / "src", tmp_path / "ref", tmp_path / "search.json"
     source.write_text("\n".join(sources) + "\n")
     reference.write_text("\n".join(references) + "\n")
-    code, out, err = run_cli(["tune-search", "--run", str(run_dir), "--source", str(source),
+    code, out, err = run_cli(["tune-search", "--run", str(random_run), "--source", str(source),
                               "--reference", str(reference), "--beam", "1,3",
                               "--alpha", "0,1.5", "--output", str(output)])
     assert code == 0, err
@@ -380,15 +392,77 @@ def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
     assert (tuned["best"]["beam_size"], tuned["best"]["alpha"]) == (3, 1.5)
     assert "best: --beam 3 --alpha 1.5" in out and "tok:13a" in out
 
-    code, _, err = run_cli(["tune-search", "--run", str(run_dir), "--source", str(source),
+    code, _, err = run_cli(["tune-search", "--run", str(random_run), "--source", str(source),
                             "--reference", str(tmp_path / "missing")])
     assert code == 2 and "missing: no such file" in err
     short = tmp_path / "short"
     short.write_text(references[0] + "\n")
-    code, _, err = run_cli(["tune-search", "--run", str(run_dir), "--source", str(source),
+    code, _, err = run_cli(["tune-search", "--run", str(random_run), "--source", str(source),
                             "--reference", str(short)])
     assert code == 2 and "has 3 lines but" in err and "short has 1" in err
     with pytest.raises(SystemExit), redirect_stderr(io.StringIO()) as err:
-        cli.main(["tune-search", "--run", str(run_dir), "--source", str(source),
+        cli.main(["tune-search", "--run", str(random_run), "--source", str(source),
                   "--reference", str(reference), "--alpha", "0.6,-1"])
     assert "every alpha must be >= 0" in err.getvalue()
+
+
+# Last in this file: training seeds TensorFlow (`keras.utils.set_random_seed`), which destroys the
+# SentencePiece resources of the module's tokenizers loaded before it (see tests/conftest.py).
+@pytest.fixture(scope="module")
+def wordpiece_run(wordpiece_vocab, tmp_path_factory):
+    """A tiny run trained for two steps with case-preserving WordPiece vocabularies, one per
+    language (so only the decoder's embedding is tied to the output projection)."""
+    import dataclasses
+
+    from keras_transformer import training
+    from keras_transformer.config import ModelConfig, TrainConfig
+
+    data_config, vocab_dir = wordpiece_vocab
+    config = ExperimentConfig(
+        name="tiny_wordpiece",
+        model=ModelConfig.from_preset("tiny", share_embeddings="target"),
+        data=dataclasses.replace(data_config, vocab_dir=str(vocab_dir)),
+        train=TrainConfig(epochs=1, steps_per_epoch=2, warmup_steps=10, strategy="one_device",
+                          validation_bleu_sentences=0),
+        decode=DecodeConfig(beam_size=2, max_extra_length=6))
+    run = tmp_path_factory.mktemp("wordpiece_run")
+    training.train(config, run, verbose=0)
+    return run
+
+
+def test_wordpiece_run_exports_and_translates_after_reloading(wordpiece_run, tmp_path):
+    """Train -> export (CLI) -> reload in a fresh process -> translate, with WordPiece: the
+    reloaded signatures give the eager Translator's outputs, the vocabularies travel as assets,
+    and the graph's tokenizer ops are WordPiece ones that TF Serving links."""
+    from keras_transformer.translator import translator_from_run
+
+    models = tmp_path / "saved_models" / "wordpiece"
+    code, out, err = run_cli(["export", "--run", str(wordpiece_run), "--output", str(models)])
+    assert code == 0, err
+    export = models / "1"
+    assets = {p.name for p in (export / "assets").iterdir()}
+    assert {"wordpiece.de.vocab", "wordpiece.en.vocab"} <= assets, assets
+
+    translator = translator_from_run(wordpiece_run)
+    sentences = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Schnee.", "Hallo"]
+    source = tf.constant(sentences)
+    # Beam search (serving_default) and greedy; the other signatures share their code paths,
+    # which the SentencePiece tests above cover.
+    functions = {"serving_default": translator, "translate_greedy": translator.translate_greedy}
+    eager = {name: {k: v.numpy() for k, v in function(source).items()}
+             for name, function in functions.items()}
+    translations = [t.decode() for t in eager["translate_greedy"]["translation"]]
+    # Words for every source with words; the empty source gives "" without being decoded.
+    assert translations[1] == "" and all(translations[:1] + translations[2:]), translations
+
+    result = subprocess.run(
+        [sys.executable, "-c", _RELOAD_SCRIPT, str(export), json.dumps(sentences),
+         json.dumps(list(functions))], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    reloaded = json.loads(result.stdout.split("RESULT", 1)[1])
+    for name in functions:
+        assert_same_outputs(reloaded["outputs"][name], eager[name], name)
+    ops = graph_ops(export)
+    assert not ops - set(reloaded["core_ops"]) - SERVING_TF_TEXT_OPS
+    assert {op for op in ops & SERVING_TF_TEXT_OPS if "ordpiece" in op}  # WordPiece, not SP
+    assert not {op for op in ops if "entencepiece" in op}

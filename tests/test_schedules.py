@@ -27,11 +27,23 @@ def test_schedule_counts_updates_with_gradient_accumulation():
     np.testing.assert_allclose(float(schedule(400)), float(TransformerSchedule(128, 100)(100)))
 
 
-def test_schedule_serializes():
+@pytest.mark.parametrize("restore", ["from_config", "keras_serialization"])
+def test_schedule_round_trip_gives_the_same_rates(restore):
+    """Every argument must survive the round trip: each differs from its default, and the rates
+    at these steps (before, at and after the warmup) depend on all of them."""
     schedule = TransformerSchedule(d_model=256, warmup_steps=8000, scale=0.5, steps_per_update=2)
-    restored = keras.optimizers.schedules.deserialize(
-        keras.optimizers.schedules.serialize(schedule))
-    assert restored.get_config() == schedule.get_config()
+    if restore == "from_config":
+        restored = TransformerSchedule.from_config(schedule.get_config())
+    else:
+        restored = keras.optimizers.schedules.deserialize(
+            keras.optimizers.schedules.serialize(schedule))
+    assert isinstance(restored, TransformerSchedule)
+    steps = [0, 1, 2000, 8000, 16000, 40000, 100000]
+    expected = [float(schedule(step)) for step in steps]
+    np.testing.assert_allclose([float(restored(step)) for step in steps], expected, rtol=1e-7)
+    # The steps are discriminating: the default schedule gives other rates at every one of them.
+    default = TransformerSchedule(d_model=256)
+    assert all(float(default(step)) != rate for step, rate in zip(steps, expected))
 
 
 def test_optimizer_is_the_papers_adam():

@@ -13,7 +13,8 @@ from keras_transformer.config import ConfigError
 from keras_transformer.text_io import read_parallel_lines
 from keras_transformer.tokenizers import (END_ID, PAD_ID, SERVING_TF_TEXT_OPS, START_ID, UNK_ID,
                                           SentencePieceTokenizer, build_tokenizers,
-                                          load_tokenizers, training_tokenizers)
+                                          load_tokenizers, normalize_whitespace,
+                                          training_tokenizers)
 
 
 def _validation_sentences(multi30k_dir, lang):
@@ -103,6 +104,26 @@ def test_reserved_ids_and_start_end(kind, sentencepiece_tokenizers, wordpiece_to
     if kind == "sentencepiece":
         vocab = [tokenizer.tokenizer.id_to_string(i).numpy() for i in range(4)]
         assert vocab == [b"<pad>", b"<s>", b"</s>", b"<unk>"]
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "wordpiece"])
+def test_lookup_gives_the_pieces_of_the_ids(kind, sentencepiece_tokenizers, wordpiece_tokenizers):
+    tokenizer = {"sentencepiece": sentencepiece_tokenizers,
+                 "wordpiece": wordpiece_tokenizers}[kind][0]
+    sentences = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
+    ids = tokenizer.tokenize(sentences)
+    rows = [[piece.decode() for piece in row] for row in tokenizer.lookup(ids).to_list()]
+    assert [len(row) for row in rows] == ids.row_lengths().numpy().tolist()
+    start, end = {"sentencepiece": ("<s>", "</s>"), "wordpiece": ("[START]", "[END]")}[kind]
+    assert {(row[0], row[-1]) for row in rows} == {(start, end)}
+    if kind == "sentencepiece":  # "▁" marks a word's first piece
+        assert ["".join(row[1:-1]).replace("▁", " ").strip() for row in rows] == sentences
+    else:  # "##" marks a piece that continues a word
+        assert [" ".join(row[1:-1]).replace(" ##", "") for row in rows] == [
+            "Ein Mann fährt Fahrrad .", "Zwei Hunde spielen im Schnee ."]
+    padded = ids.to_tensor().numpy()  # [2, len], the shorter row padded with PAD_ID
+    pad = {"sentencepiece": b"<pad>", "wordpiece": b"[PAD]"}[kind]
+    assert set(tokenizer.lookup(padded).numpy()[padded == PAD_ID]) == {pad}
 
 
 def test_detokenize_drops_markers_and_cuts_at_first_end(sentencepiece_tokenizers):
@@ -215,3 +236,21 @@ def test_sentencepiece_vocab_smaller_than_the_alphabet_names_the_setting(tmp_pat
     sentences = [f"{chr(0x4E00 + i)} {chr(0x4E00 + 2 * i)} abc" for i in range(400)]
     with pytest.raises(ConfigError, match=r"data.vocab_size=50 is too small .*raise data.vocab_size"):
         train_sentencepiece(sentences, tmp_path / "sp.model", vocab_size=50)
+
+
+def test_normalize_whitespace_splits_words_as_python_does():
+    """Every character Python's str.split() splits at (tabs, no-break and other Unicode spaces)
+    becomes one ASCII space in a run and none at the ends; other characters, the zero-width
+    ones included, and bytes that are not UTF-8 stay as they are."""
+    import sys
+
+    spaces = [chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()]
+    lookalikes = ["\u200b", "\u2060", "\ufeff", "\u180e", "_"]  # not whitespace in Python
+    texts = [f"{c}a{c}{c}b {c}c{c}" for c in spaces + lookalikes]
+    texts += ["", "   ", "\t\n\u00a0", "Ein Mann\tfährt \u00a0 Fahrrad.\r"]
+    got = [t.decode("utf-8") for t in normalize_whitespace(tf.constant(texts)).numpy()]
+    assert got == [" ".join(t.split()) for t in texts]
+    assert got[:len(spaces)] == ["a b c"] * len(spaces)
+    raw = [b"\xff a\xc2\xa0\xc2\xa0b \x80", b"\xc2 x"]
+    assert normalize_whitespace(tf.constant(raw)).numpy().tolist() == [b"\xff a b \x80",
+                                                                       b"\xc2 x"]

@@ -1,14 +1,20 @@
-"""The training runner: a distributed run's files and TensorBoard scalars, resume after SIGKILL,
-checkpoint averaging, mixed precision, and errors for bad input."""
+"""The training runner: a distributed run's files and TensorBoard scalars, resume after SIGKILL
+where the run stopped (same weights as without the kill), extending and re-running a finished
+run, falling back from a damaged checkpoint, checkpoint averaging, mixed precision, and errors
+for bad input."""
 
 import dataclasses
+import hashlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -17,24 +23,28 @@ from keras_transformer import data as data_lib
 from keras_transformer import training
 from keras_transformer.config import ConfigError, ExperimentConfig
 from keras_transformer.runs import Run
+from keras_transformer.schedules import TransformerSchedule
 from keras_transformer.tokenizers import load_tokenizers
 
 
-def read_events(folder: Path) -> dict:
-    """{tag: [values]} of every summary in the event files of `folder`."""
+def read_events(folder: Path, steps: bool = False) -> dict:
+    """{tag: [values]} of every summary in the event files of `folder` ([(step, value)] with
+    `steps`)."""
     values = {}
     for path in sorted(folder.glob("events.out.tfevents.*")):
         for event in tf.compat.v1.train.summary_iterator(str(path)):
             for value in event.summary.value:
-                values.setdefault(value.tag, []).append(tf.make_ndarray(value.tensor))
+                array = tf.make_ndarray(value.tensor)
+                values.setdefault(value.tag, []).append((event.step, array) if steps else array)
     return values
 
 
 @pytest.fixture(scope="module")
 def mirrored_run(tiny_experiment, tmp_path_factory):
-    """A 2-epoch run of the tiny preset on Multi30k under MirroredStrategy on 2 CPU devices."""
+    """A 2-epoch run of 3 steps each of the tiny preset on Multi30k under MirroredStrategy on 2
+    CPU devices, with step summaries every 2 steps."""
     run_dir = tmp_path_factory.mktemp("run")
-    history = training.train(tiny_experiment(), run_dir, verbose=0)
+    history = training.train(tiny_experiment(log_every_steps=2), run_dir, verbose=0)
     return run_dir, history
 
 
@@ -45,7 +55,11 @@ def test_mirrored_run_writes_checkpoints_config_and_logs(mirrored_run):
     assert (run_dir / "last.weights.h5").exists() and (run_dir / "best.weights.h5").exists()
     saved = Run(run_dir).config
     assert saved.model.source_vocab_size == saved.model.target_vocab_size == 1000
-    assert not (run_dir / "backup").exists()  # removed when training completes
+    state = Run(run_dir).state()
+    assert (state["epoch"], state["optimizer_step"]) == (2, 6)
+    assert state["checkpoint"] == "checkpoints/epoch_002.weights.h5"
+    assert state["best"]["val_bleu"] == max(history.history["val_bleu"])
+    assert not list(run_dir.rglob(".partial-*"))
     assert set(history.history) >= {"loss", "val_loss", "accuracy", "val_bleu", "val_chrf",
                                     "tokens_per_second"}
     assert all(np.isfinite(history.history["loss"]))
@@ -71,8 +85,32 @@ def test_tensorboard_has_loss_learning_rate_bleu_and_translations(mirrored_run):
     table = validation_events["translations"][0].item().decode()
     assert table.startswith("| source | reference | translation |")
     assert len(table.splitlines()) == 2 + 5
-    image = validation_events["cross_attention"][0]
-    assert image.shape[0] == 3  # width, height and the encoded PNG
+    images = read_events(run_dir / "logs" / "validation", steps=True)["cross_attention"]
+    assert [epoch for epoch, _ in images] == [0, 1]
+    image = images[0][1]
+    assert image.shape == (3,)  # width, height and the encoded PNG
+    pixels = tf.io.decode_png(image[2]).numpy()
+    # Epoch 1's translation is empty: one row (END) under 21 source pieces, in 4 panels.
+    assert pixels.shape[2] == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 1000
+    assert (int(image[0]), int(image[1])) == (pixels.shape[1], pixels.shape[0])
+
+
+def test_tensorboard_has_loss_learning_rate_and_tokens_per_second_every_n_steps(mirrored_run):
+    run_dir, history = mirrored_run
+    steps = read_events(run_dir / "logs" / "train_steps", steps=True)
+    assert set(steps) == {"step_loss", "step_learning_rate", "step_tokens_per_second"}
+    for tag in steps:
+        assert [step for step, _ in steps[tag]] == [2, 4, 6], tag  # 2 epochs of 3 steps
+    config = Run(run_dir).config
+    schedule = TransformerSchedule(config.model.d_model, config.train.warmup_steps)
+    np.testing.assert_allclose([float(value) for _, value in steps["step_learning_rate"]],
+                               [float(schedule(step)) for step in (2, 4, 6)], rtol=1e-6)
+    # Means per token over a few steps of an epoch: near that epoch's mean (not a sum, nor a
+    # running mean of the whole run).
+    epoch_means = [history.history["loss"][epoch] for epoch in (0, 1, 1)]
+    assert [float(value) for _, value in steps["step_loss"]] == pytest.approx(epoch_means,
+                                                                               rel=0.2)
+    assert all(float(value) > 0 for _, value in steps["step_tokens_per_second"])
 
 
 def test_average_is_the_elementwise_mean(mirrored_run):
@@ -95,6 +133,31 @@ def test_average_is_the_elementwise_mean(mirrored_run):
         Run(run_dir).average(2, upper_bound=1)
 
 
+def test_loading_a_run_without_best_weights_falls_back_to_last(mirrored_run, tmp_path, caplog):
+    """A run without validation BLEU (train.validation_bleu_sentences: 0) writes no
+    best.weights.h5: loading its "best" model (the default of export, translate and evaluate)
+    uses last.weights.h5. Here a copy of the run whose last weights are epoch 1's."""
+    import shutil
+
+    run_dir, _ = mirrored_run
+    first, second = Run(run_dir).epoch_checkpoints()
+    shutil.copy(run_dir / "config.yaml", tmp_path / "config.yaml")
+    shutil.copy(first, tmp_path / "last.weights.h5")
+    model = Run(run_dir).load_model(str(first))
+    expected = model.get_weights()
+    model.load_weights(second)
+    assert any(not np.array_equal(a, b) for a, b in zip(expected, model.get_weights()))
+    assert not (tmp_path / "best.weights.h5").exists()
+    with caplog.at_level("WARNING", logger="keras_transformer.runs"):
+        loaded = Run(tmp_path).load_model()
+    assert "has no best weights (best.weights.h5); using the last epoch's" in caplog.text
+    for got, want in zip(loaded.get_weights(), expected):
+        np.testing.assert_array_equal(got, want)
+    (tmp_path / "last.weights.h5").unlink()
+    with pytest.raises(ConfigError, match=r"no weights at .*best\.weights\.h5 or .*last\.weights\.h5"):
+        Run(tmp_path).load_model()
+
+
 def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, tmp_path,
                                                                capsys):
     config = tiny_experiment(epochs=1, steps_per_epoch=2,
@@ -114,6 +177,28 @@ def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, 
         assert logits.dtype == "float32"
     finally:
         keras.config.set_dtype_policy("float32")
+
+
+def test_mixed_float16_run_computes_in_float16_with_float32_weights(tiny_experiment, tmp_path):
+    """mixed_float16 (what `precision: auto` picks on GPUs of compute capability 7.x): float16
+    activations, float32 variables and logits, a loss-scaling optimizer against float16
+    underflow, a finite loss, and the global dtype policy restored after training."""
+    config = tiny_experiment(epochs=1, steps_per_epoch=2, precision="mixed_float16",
+                             validation_bleu_sentences=0, strategy="one_device")
+    assert keras.config.dtype_policy().name == "float32"
+    history = training.train(config, tmp_path, verbose=0)
+    assert keras.config.dtype_policy().name == "float32"  # restored after training
+    assert np.isfinite(history.history["loss"][0]) and np.isfinite(history.history["val_loss"][0])
+    model = history.model
+    assert model.dtype_policy.name == "mixed_float16"
+    assert (model.compute_dtype, model.variable_dtype) == ("float16", "float32")
+    assert {variable.dtype for variable in model.trainable_weights} == {"float32"}
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert int(model.optimizer.iterations.numpy()) == 2
+    source, target_in = np.ones((1, 4), "int32"), np.ones((1, 3), "int32")
+    embedded = model.target_embedding(target_in)  # a sublayer's output: float16
+    assert embedded.dtype == "float16"
+    assert model((source, target_in)).dtype == "float32"  # logits for the loss and the search
 
 
 @pytest.mark.parametrize("flags, native", [
@@ -169,14 +254,19 @@ def test_subword_sampling_reaches_the_training_batches_only(tiny_experiment, tmp
                              strategy="one_device")
     config = dataclasses.replace(config, data=dataclasses.replace(
         config.data, sp_nbest_size=-1, sp_alpha=0.5))
-    seen = []  # (training, source samples, target samples) of every make_batches call
-    make_batches = data_lib.make_batches
+    seen = []  # (training, source samples, target samples) of every batching
+    make_batches, stream = data_lib.make_batches, data_lib.TrainingStream
 
     def spy(pairs, source, target, data_config, *, training, **kwargs):
         seen.append((training, source.samples, target.samples))
         return make_batches(pairs, source, target, data_config, training=training, **kwargs)
 
+    def spy_stream(pairs, source, target, data_config, **kwargs):
+        seen.append((True, source.samples, target.samples))
+        return stream(pairs, source, target, data_config, **kwargs)
+
     monkeypatch.setattr(data_lib, "make_batches", spy)
+    monkeypatch.setattr(data_lib, "TrainingStream", spy_stream)
     history = training.train(config, tmp_path, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
     assert sorted(set(seen)) == [(False, False, False), (True, True, True)]
@@ -220,37 +310,6 @@ def test_cli_bad_input_is_one_line_error(tiny_experiment, tmp_path, override, me
     assert error.startswith("keras-transformer train: error:") and message in error
 
 
-def test_killed_run_resumes_from_its_backup(tiny_experiment, tmp_path):
-    """SIGKILL after the first epoch's backup; the same command resumes, not restarts."""
-    config = tiny_experiment(epochs=6, steps_per_epoch=2,
-                             validation_bleu_sentences=0, strategy="one_device")
-    config_path = write_config(config, tmp_path / "exp.yaml")
-    run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "keras_transformer.cli", "train", "--config",
-               str(config_path), "--output", str(run_dir), "--progress", "2"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    backup = run_dir / "backup" / "training_metadata.json"
-    deadline = time.time() + 240
-    while not backup.exists() and process.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    assert backup.exists(), "no backup was written before the deadline"
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (run_dir / "checkpoints" / "epoch_006.weights.h5").exists()
-
-    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    line = next(l for l in resumed.stdout.splitlines() if "keras-transformer train: " in l)
-    assert "resuming at epoch" in line, line
-    epoch = int(line.split("resuming at epoch ")[1].split(",")[0])
-    step = int(line.split("optimizer step ")[1].split()[0])
-    assert epoch >= 2 and step >= 2
-    assert line.endswith("(1 replica(s), float32)"), line
-    assert (run_dir / "checkpoints" / "epoch_006.weights.h5").exists()
-
-
 def test_cli_average_writes_the_mean(mirrored_run, tmp_path, capsys):
     from keras_transformer import cli
 
@@ -263,3 +322,156 @@ def test_cli_average_writes_the_mean(mirrored_run, tmp_path, capsys):
     for got, want in zip(Run(run_dir).load_model(output).get_weights(),
                          expected.get_weights()):
         np.testing.assert_array_equal(got, want)
+
+
+# ----------------------------------------------------------------------------- finish, resume
+
+def snapshot(folder: Path) -> dict:
+    """{path: (mtime, bytes)} of every file and folder under `folder`."""
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.is_file() and p.read_bytes())
+            for p in sorted(folder.rglob("*"))}
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+
+
+def assert_same_weights(run_dir: Path, other_dir: Path, weights="last") -> None:
+    got = Run(run_dir).load_model(weights).get_weights()
+    for got_array, want in zip(got, Run(other_dir).load_model("last").get_weights()):
+        np.testing.assert_array_equal(got_array, want)
+
+
+def resumable_config(tiny_experiment, epochs: int) -> ExperimentConfig:
+    """The run the resume tests stop and continue: 2 steps per epoch on one device, with
+    dropout (0.1), and validation BLEU on 4 sentences (so best weights are tracked)."""
+    return tiny_experiment(epochs=epochs, steps_per_epoch=2, strategy="one_device",
+                           validation_bleu_sentences=4)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(tiny_experiment, tmp_path_factory):
+    """`resumable_config` trained for 3 epochs in one go."""
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    training.train(resumable_config(tiny_experiment, 3), run_dir, verbose=0)
+    return run_dir
+
+
+def test_rerunning_a_finished_run_says_so_and_touches_no_file(mirrored_run, tiny_experiment,
+                                                              tmp_path, capsys):
+    from keras_transformer import cli
+
+    run_dir, _ = mirrored_run
+    before = snapshot(run_dir)
+    for epochs in (2, 1):
+        assert training.train(tiny_experiment(epochs=epochs), run_dir, verbose=0) is None
+        assert (f"keras-transformer train: {run_dir} is finished: 2 epochs done, "
+                f"train.epochs={epochs}; raise train.epochs") in capsys.readouterr().out
+    config = write_config(tiny_experiment(), tmp_path / "exp.yaml")
+    assert cli.main(["train", "--config", str(config), "--output", str(run_dir)]) == 0
+    assert f"{run_dir} is finished" in capsys.readouterr().out
+    assert snapshot(run_dir) == before
+
+
+def test_a_larger_epochs_extends_a_run_as_if_it_had_never_stopped(uninterrupted_run,
+                                                                  tiny_experiment, tmp_path,
+                                                                  capsys):
+    """One epoch, then train.epochs=3 on the same folder: epochs 2 and 3 follow with the
+    optimizer's step count and moments, dropout's seeds and the training stream where epoch 1
+    left them, so the weights equal those of the run trained for 3 epochs in one go."""
+    run_dir = tmp_path / "run"
+    training.train(resumable_config(tiny_experiment, 1), run_dir, verbose=0)
+    capsys.readouterr()
+    history = training.train(resumable_config(tiny_experiment, 3), run_dir, verbose=0)
+    assert ("keras-transformer train: resuming at epoch 2, optimizer step 2 (1 replica(s), "
+            "float32)") in capsys.readouterr().out
+    assert history.epoch == [1, 2]
+    assert int(history.model.optimizer.iterations.numpy()) == 6
+    run = Run(run_dir)
+    assert (run.state()["epoch"], run.state()["optimizer_step"]) == (3, 6)
+    assert run.config.train.epochs == 3
+    assert [p.name for p in run.epoch_checkpoints()] == [
+        "epoch_001.weights.h5", "epoch_002.weights.h5", "epoch_003.weights.h5"]
+    assert len(read_events(run_dir / "logs" / "validation")["epoch_bleu"]) == 3
+    assert_same_weights(run_dir, uninterrupted_run)
+
+
+def test_a_damaged_checkpoint_is_named_and_training_goes_on_from_the_one_before(
+        uninterrupted_run, tiny_experiment, tmp_path, capsys, caplog):
+    """The newest checkpoint truncated (what a failing disk or a careless copy leaves; a kill
+    cannot: files are renamed into place whole): extending the run says which file is damaged,
+    resumes from epoch 2's checkpoint, and trains epoch 3 again to the same weights."""
+    import logging
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted_run, run_dir)
+    checkpoint = run_dir / "checkpoints" / "epoch_003.weights.h5"
+    truncate(checkpoint)
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+        history = training.train(resumable_config(tiny_experiment, 4), run_dir, verbose=0)
+    assert f"{checkpoint} is damaged (Unable to synchronously open file (truncated" in caplog.text
+    assert (f"resuming from {run_dir / 'checkpoints' / 'epoch_002.weights.h5'}, the newest "
+            "checkpoint that loads (damaged: epoch_003.weights.h5)") in caplog.text
+    assert "resuming at epoch 3, optimizer step 4" in capsys.readouterr().out
+    assert history.epoch == [2, 3]
+    assert Run(run_dir).state()["epoch"] == 4
+    assert_same_weights(run_dir, uninterrupted_run, weights=checkpoint)
+
+
+def test_a_killed_run_resumes_where_it_stopped_and_ends_as_if_never_killed(
+        uninterrupted_run, tiny_experiment, tmp_path):
+    """SIGKILL once epoch 1 is recorded; the same command resumes from the newest checkpoint
+    (optimizer step and moments, dropout's seeds) at the batch of the training stream where
+    that epoch ended, and ends with exactly the weights of the run trained without a kill (in
+    this process: the same CPU kernels on the same batches give the same floats)."""
+    config_path = write_config(resumable_config(tiny_experiment, 3), tmp_path / "exp.yaml")
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "keras_transformer.cli", "train", "--config",
+               str(config_path), "--output", str(run_dir), "--progress", "2"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=env)
+    state = run_dir / "state.json"
+    deadline = time.time() + 400
+    while not state.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert state.exists(), "no epoch was recorded before the deadline"
+    assert json.loads(state.read_text())["epoch"] < 3, "the run ended before it was killed"
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    line = next(l for l in resumed.stdout.splitlines() if "keras-transformer train: " in l)
+    epoch = int(line.split("resuming at epoch ")[1].split(",")[0])
+    step = int(line.split("optimizer step ")[1].split()[0])
+    assert epoch in (2, 3) and step == 2 * (epoch - 1), line
+    assert line.endswith("(1 replica(s), float32)"), line
+    assert Run(run_dir).state()["epoch"] == 3
+    assert not list(run_dir.rglob(".partial-*"))
+    assert_same_weights(run_dir, uninterrupted_run)
+
+
+def test_the_training_stream_resumed_at_a_batch_reads_what_the_uninterrupted_one_read(
+        sentencepiece_vocab, multi30k_config):
+    """What makes a resumed run see the uninterrupted run's batches: the stream from batch N,
+    built anew (as in a new process), equals the whole stream from its N-th batch, across pass
+    boundaries; each pass is shuffled anew."""
+    config = multi30k_config(tokens_per_batch=1024, max_pair_length=32)
+    pairs = data_lib.load_pairs(config, "train").take(2000)
+    tokenizers = load_tokenizers(*sentencepiece_vocab)
+
+    def fingerprints(stream, count):
+        return [hashlib.sha1(source.numpy().tobytes() + target.numpy().tobytes()).hexdigest()
+                for (source, _), target in stream.take(count)]
+
+    def new_stream(seed=7):
+        return data_lib.TrainingStream(pairs, *tokenizers, config, seed=seed)
+
+    length = new_stream().pass_length()
+    whole = fingerprints(new_stream().batches(), 2 * length + 3)
+    for start in (3, length, length + 2):
+        assert fingerprints(new_stream().batches(start), 3) == whole[start:start + 3], start
+    assert set(whole[:length]) != set(whole[length:2 * length])  # another shuffle, other batches
+    assert fingerprints(new_stream(seed=8).batches(), 3) != whole[:3]

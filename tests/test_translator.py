@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer.config import DecodeConfig
-from keras_transformer.decoding import PAD_ID
+from keras_transformer.decoding import NEG_INF, PAD_ID
 from keras_transformer.tokenizers import END_ID, START_ID
 from keras_transformer.translator import Translator
 
@@ -152,6 +152,93 @@ def test_bad_inputs_give_one_valid_output_each(translator):
             assert len(text.split()) <= model_limit
     nbest = translator.translate_nbest(tf.constant(BAD_INPUTS))
     assert nbest["translations"].shape == (len(BAD_INPUTS), 3)
+
+
+SIGNATURE_METHODS = ["translate_greedy", "translate_beam", "__call__", "translate_nbest"]
+NO_WORDS = ["", "   ", "\t", "\u00a0 \u3000\r\n"]
+
+
+class CountingTranslator(Translator):
+    """A Translator that counts its searches and the sentences they decode."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.searches, self.searched_rows = tf.Variable(0), tf.Variable(0)
+
+    def _count(self, source_ids):
+        self.searches.assign_add(1)
+        self.searched_rows.assign_add(tf.shape(source_ids)[0])
+
+    def _greedy_search(self, source_ids, *args):
+        self._count(source_ids)
+        return super()._greedy_search(source_ids, *args)
+
+    def _beam_search(self, source_ids, *args):
+        self._count(source_ids)
+        return super()._beam_search(source_ids, *args)
+
+    def counts(self):
+        counts = int(self.searches.numpy()), int(self.searched_rows.numpy())
+        self.searches.assign(0)
+        self.searched_rows.assign(0)
+        return counts
+
+
+@pytest.fixture(scope="module")
+def counting(translator):
+    return CountingTranslator(translator.model, translator.source_tokenizer,
+                              translator.target_tokenizer, translator.decode_config)
+
+
+def outputs_of(function, sentences):
+    return {key: value.numpy() for key, value in function(tf.constant(sentences)).items()}
+
+
+@pytest.mark.parametrize("function", SIGNATURE_METHODS)
+def test_sources_without_words_give_empty_translations_without_decoding(counting, function):
+    """"" and whitespace-only sources: "" with score 0 (n-best: then "" with NEG_INF), and no
+    search runs for them; in a mixed batch the other sentences are decoded as a batch of their
+    own and come out bitwise the same as when translated without the empty ones."""
+    translate = getattr(counting, function)
+    outputs_of(translate, SENTENCES[:1])  # traced before counting
+    counting.counts()
+    alone = outputs_of(translate, NO_WORDS)
+    assert counting.counts() == (0, 0)
+    if function == "translate_nbest":
+        assert texts(alone["translations"]) == [""] * 3 * len(NO_WORDS)
+        np.testing.assert_array_equal(alone["scores"], [[0.0, NEG_INF, NEG_INF]] * len(NO_WORDS))
+    else:
+        assert texts(alone["translation"]) == [""] * len(NO_WORDS)
+        np.testing.assert_array_equal(alone["score"], np.zeros(len(NO_WORDS)))
+
+    mixed = [NO_WORDS[0], SENTENCES[0], NO_WORDS[1], NO_WORDS[2], SENTENCES[1], SENTENCES[3],
+             NO_WORDS[3]]
+    words = [i for i, sentence in enumerate(mixed) if sentence.strip()]
+    empty = [i for i, sentence in enumerate(mixed) if not sentence.strip()]
+    together = outputs_of(translate, mixed)
+    assert counting.counts() == (1, len(words))
+    without_empty = outputs_of(translate, [mixed[i] for i in words])
+    for key, value in together.items():
+        assert value.shape[0] == len(mixed)
+        np.testing.assert_array_equal(value[words], without_empty[key])  # bitwise
+        np.testing.assert_array_equal(value[empty], alone[key])
+    score_key = "scores" if function == "translate_nbest" else "score"
+    best_scores = together[score_key][words].reshape(len(words), -1)[:, 0]
+    assert (best_scores < 0).all()  # decoded: at least END, with its log-probability
+
+
+def test_whitespace_inside_a_source_is_normalized(translator):
+    """Tabs, repeated, no-break and other Unicode spaces translate as one space would, as the
+    training text was normalized."""
+    clean = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
+    messy = ["Ein Mann\tfährt\tFahrrad.", " Zwei  Hunde\u00a0spielen\u2009im \u3000Schnee.\t"]
+    for function in SIGNATURE_METHODS:
+        translate = getattr(translator, function)
+        expected, got = outputs_of(translate, clean), outputs_of(translate, messy)
+        for key in expected:
+            np.testing.assert_array_equal(got[key], expected[key])
+    tokenize = translator.source_tokenizer.tokenize
+    assert tokenize(messy).to_list() != tokenize(clean).to_list()  # not equal by themselves
 
 
 def test_long_source_is_truncated_to_the_model_length(translator):

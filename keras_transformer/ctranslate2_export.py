@@ -1,0 +1,524 @@
+"""CTranslate2 export of a trained Transformer, and a translator that runs the export.
+
+    export_ctranslate2(model, tokenizer, tokenizer, DecodeConfig(), "exports/ct2")
+    CTranslate2Translator("exports/ct2").translate_beam(["Ein Hund."])  # {"translation", "score"}
+
+The export is a CTranslate2 model folder (model.bin, config.json, shared_vocabulary.json) plus the
+joint SentencePiece model and `keras_transformer.json` (beam size, alpha, output caps, source
+markers). `CTranslate2Translator` reproduces `translator.Translator`: same truncation, caps,
+greedy and beam results, and the same output dicts as the SavedModel signatures.
+
+How our layout maps onto CTranslate2's `TransformerSpec`:
+
+- Positions: our table interleaves sin/cos (section 3.5) from position 0; CTranslate2's built-in
+  table (OpenNMT-tf's) concatenates sin|cos, with rates 10000^(-i / (d_model/2 - 1)), from
+  position 1. The spec therefore carries our table (`position_encodings.encodings`). CTranslate2
+  then refuses positions past the table rather than stopping there, so sources are truncated and
+  output caps bounded by `max_positions` here, as `Translator` does. Embeddings are scaled by
+  sqrt(d_model) in both.
+- Keras kernels are [in, out] (MultiHeadAttention: query/key/value [d_model, heads, head_dim],
+  output [heads, head_dim, d_model]); CTranslate2 wants [out, in] with heads major. Self-attention
+  takes one fused q|k|v projection, cross-attention q then a fused k|v.
+- Post-norm stacks have LayerNorms in their sublayers only; pre-norm stacks also end with one.
+  The LayerNorm epsilon is ours (1e-6).
+- The SentencePiece reserved ids 0-3 (`<pad> <s> </s> <unk>`) are CTranslate2's default tokens;
+  `add_source_bos`/`add_source_eos` put START and END around every source, as `tokenize` does.
+
+Ranking (the rule of `decoding.beam_search`): hypotheses are ranked by log P / lp with the GNMT
+length penalty lp = ((5 + |Y|) / 6) ** alpha, |Y| counting END (a hypothesis cut at its cap has
+no END). CTranslate2 has no such penalty. With length penalty 0 (raw log P) it stops a sentence
+once its best candidate by log P has ended and `num_hypotheses` have finished, and returns only
+the best `num_hypotheses` by log P: both lose longer hypotheses that ours ranks higher. So it is
+asked for every hypothesis its search finishes, which are re-ranked here, and our own early
+stopping bound decides when a search shorter than the cap suffices (`CTranslate2Translator._beam`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+import ctranslate2
+import numpy as np
+import sentencepiece
+from ctranslate2.specs import common_spec, transformer_spec
+
+from keras_transformer.config import ConfigError, DecodeConfig
+from keras_transformer.decoding import NEG_INF
+from keras_transformer.layers.residual import LAYER_NORM_EPSILON
+from keras_transformer.model import Transformer
+from keras_transformer.tokenizers import (
+    END_ID,
+    PAD_ID,
+    START_ID,
+    SentencePieceTokenizer,
+    Tokenizer,
+)
+
+SETTINGS_FILE = "keras_transformer.json"
+SENTENCEPIECE_FILE = "sentencepiece.model"
+QUANTIZATIONS = ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES  # float32, int8, bfloat16, ...
+MAX_BATCH_SIZE = 32  # sentences per CTranslate2 batch (beam search decodes beam_size times more)
+BEAM_RULES = ("native", "exact")
+
+
+# ----------------------------------------------------------------------------- export
+
+def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
+                       target_tokenizer: Tokenizer, decode_config: DecodeConfig,
+                       output_dir: str | os.PathLike, *, quantization: str = "float32",
+                       provenance: dict | None = None,
+                       max_source_length: int | None = None) -> Path:
+    """Writes `model` as a CTranslate2 model folder at `output_dir` (which must not exist).
+
+    The folder holds CTranslate2's files, the SentencePiece model and `keras_transformer.json`
+    (the decoding settings, the source markers, `quantization`, and `provenance` merged in). It is
+    written to a hidden sibling folder and renamed at the end, so it is never seen half-written.
+
+    Args:
+        model: a trained `Transformer`.
+        source_tokenizer, target_tokenizer: the run's joint `SentencePieceTokenizer` (twice).
+        decode_config: beam size, alpha and output caps that `CTranslate2Translator` will use.
+        quantization: weight type, one of `QUANTIZATIONS` (float32, int8, bfloat16, ...).
+        provenance: optional JSON-serializable facts about the model (run, weights, commit).
+        max_source_length: sources are truncated to this many tokens, START and END included
+            (default and upper bound: the model's `max_positions`), as `Translator` does.
+
+    Returns:
+        the export folder.
+
+    Raises:
+        ConfigError: for a tokenizer other than SentencePiece, an unknown quantization, or
+            `provenance` keys that would overwrite the settings.
+    """
+    sentencepiece_path = _sentencepiece_model_path(source_tokenizer, target_tokenizer)
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(f"quantization={quantization!r} is not one of "
+                          f"{', '.join(map(repr, QUANTIZATIONS))}")
+    settings = export_settings(model, decode_config, quantization, max_source_length)
+    clashes = sorted(set(settings) & set(provenance or {}))
+    if clashes:
+        raise ConfigError(f"provenance keys {clashes} would overwrite the export's settings")
+    settings_text = json.dumps({**settings, **(provenance or {})}, indent=2) + "\n"
+
+    output_dir = Path(output_dir)
+    if output_dir.exists():
+        raise FileExistsError(f"{output_dir} already exists: choose another folder")
+    partial = output_dir.with_name(f".{output_dir.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        converter = KerasTransformerConverter(model, _vocabulary(sentencepiece_path))
+        converter.convert(str(partial), quantization=quantization, force=True)
+        shutil.copyfile(sentencepiece_path, partial / SENTENCEPIECE_FILE)
+        (partial / SETTINGS_FILE).write_text(settings_text)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    os.replace(partial, output_dir)
+    return output_dir
+
+
+def export_settings(model: Transformer, decode_config: DecodeConfig, quantization: str,
+                    max_source_length: int | None = None) -> dict:
+    """The contents of `keras_transformer.json` (before provenance)."""
+    positions = model.config.max_positions
+    return {
+        "beam_size": decode_config.beam_size,
+        "alpha": decode_config.alpha,
+        "max_extra_length": decode_config.max_extra_length,
+        "max_positions": positions,
+        "max_source_length": min(max_source_length or positions, positions),
+        "source_start": "<s>",  # START and END around every source, as Tokenizer.tokenize does
+        "source_end": "</s>",
+        "sentencepiece_model": SENTENCEPIECE_FILE,
+        "quantization": quantization,
+    }
+
+
+def _sentencepiece_model_path(source_tokenizer: Tokenizer, target_tokenizer: Tokenizer) -> str:
+    """The joint SentencePiece model file of the tokenizers; ConfigError for anything else."""
+    for tokenizer in (source_tokenizer, target_tokenizer):
+        if not isinstance(tokenizer, SentencePieceTokenizer):
+            raise ConfigError(
+                f"CTranslate2 export needs the joint SentencePiece tokenizer, got "
+                f"{type(tokenizer).__name__}: CTranslate2 translates pieces, which "
+                "CTranslate2Translator makes with the sentencepiece library from the .model file "
+                "copied into the export (the segmentation tf-text computes), while WordPiece "
+                "splitting, lowercasing and natural-spacing detokenization exist here only as "
+                "TensorFlow (tf-text) ops, over two per-language vocabularies whose markers are "
+                "[START]/[END]/[UNK], not CTranslate2's <s>/</s>/<unk>; "
+                "train with data.tokenizer=sentencepiece")
+    paths = {t.model_file.asset_path.numpy().decode("utf-8")
+             for t in (source_tokenizer, target_tokenizer)}
+    if len({Path(p).read_bytes() for p in paths}) != 1:
+        raise ConfigError(f"source and target SentencePiece models differ ({sorted(paths)}): "
+                          "the export holds one joint model")
+    return paths.pop()
+
+
+def _vocabulary(sentencepiece_path: str) -> list[str]:
+    """The pieces in id order: CTranslate2 maps pieces to ids through this list."""
+    processor = sentencepiece.SentencePieceProcessor(model_file=sentencepiece_path)
+    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+
+
+class KerasTransformerConverter(ctranslate2.converters.Converter):
+    """A `Transformer` and its vocabulary (pieces in id order) -> CTranslate2's TransformerSpec.
+
+    `convert(output_dir, quantization=...)` (CTranslate2's) validates, quantizes and writes it.
+    """
+
+    def __init__(self, model: Transformer, vocabulary: Sequence[str]):
+        config = model.config
+        for side in ("source", "target"):
+            size = getattr(config, f"{side}_vocab_size")
+            if size != len(vocabulary):
+                raise ConfigError(f"model.{side}_vocab_size={size} but the SentencePiece model "
+                                  f"has {len(vocabulary)} pieces")
+        self.model = model
+        self.vocabulary = list(vocabulary)
+
+    def _load(self) -> transformer_spec.TransformerSpec:
+        spec = ctranslate2_spec(self.model)
+        spec.register_source_vocabulary(self.vocabulary)
+        spec.register_target_vocabulary(self.vocabulary)
+        return spec
+
+
+def ctranslate2_spec(model: Transformer) -> transformer_spec.TransformerSpec:
+    """The filled CTranslate2 spec of `model` (weights as float32 numpy arrays)."""
+    config = model.config
+    pre_norm = config.norm == "pre"
+    encoder = transformer_spec.TransformerEncoderSpec(config.num_layers, config.num_heads,
+                                                      pre_norm=pre_norm)
+    decoder = transformer_spec.TransformerDecoderSpec(config.num_layers, config.num_heads,
+                                                      pre_norm=pre_norm)
+    spec = transformer_spec.TransformerSpec(encoder, decoder)
+    spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+    spec.config.add_source_bos = True
+    spec.config.add_source_eos = True
+
+    _set_positional_embedding(encoder.embeddings[0], encoder.position_encodings,
+                              model.source_embedding)
+    for layer_spec, layer in zip(encoder.layer, model.encoder.stack):
+        _set_attention(layer_spec.self_attention, layer.self_attention, self_attention=True)
+        _set_feed_forward(layer_spec.ffn, layer.ffn)
+
+    _set_positional_embedding(decoder.embeddings, decoder.position_encodings,
+                              model.target_embedding)
+    for layer_spec, layer in zip(decoder.layer, model.decoder.stack):
+        _set_attention(layer_spec.self_attention, layer.causal_self_attention,
+                       self_attention=True)
+        _set_attention(layer_spec.attention, layer.cross_attention, self_attention=False)
+        _set_feed_forward(layer_spec.ffn, layer.ffn)
+
+    if pre_norm:
+        _set_layer_norm(encoder.layer_norm, model.encoder.final_layernorm)
+        _set_layer_norm(decoder.layer_norm, model.decoder.final_layernorm)
+    if model.final_layer is not None:
+        _set_dense(decoder.projection, model.final_layer)
+    else:  # tied to the target embedding (section 3.4), no bias
+        decoder.projection.weight = _numpy(model.target_embedding.token_embedding.embeddings)
+    return spec
+
+
+def _numpy(variable) -> np.ndarray:
+    return np.asarray(variable.numpy(), dtype=np.float32)
+
+
+def _set_positional_embedding(embeddings_spec, positions_spec, layer) -> None:
+    embeddings_spec.weight = _numpy(layer.token_embedding.embeddings)  # [vocab, d_model]
+    positions_spec.encodings = np.asarray(layer.positions, np.float32)  # [max_positions, d_model]
+
+
+def _set_dense(spec: common_spec.LinearSpec, dense) -> None:
+    spec.weight = _numpy(dense.kernel).T  # [out, in]
+    spec.bias = _numpy(dense.bias)
+
+
+def _set_layer_norm(spec: common_spec.LayerNormSpec, layer_norm) -> None:
+    spec.gamma = _numpy(layer_norm.gamma)
+    spec.beta = _numpy(layer_norm.beta)
+
+
+def _set_feed_forward(spec, feed_forward) -> None:
+    _set_dense(spec.linear_0, feed_forward.inner)
+    _set_dense(spec.linear_1, feed_forward.outer)
+    _set_layer_norm(spec.layer_norm, feed_forward.layernorm)
+
+
+def _set_attention(spec, attention, *, self_attention: bool) -> None:
+    """Fills a MultiHeadAttentionSpec from a `BaseAttention` sublayer (its `mha` and LayerNorm)."""
+    mha = attention.mha
+    query, key, value = (_projection(dense) for dense in
+                         (mha._query_dense, mha._key_dense, mha._value_dense))
+    if self_attention:
+        fused = [np.concatenate(parts) for parts in zip(query, key, value)]
+        spec.linear[0].weight, spec.linear[0].bias = fused
+    else:
+        spec.linear[0].weight, spec.linear[0].bias = query
+        spec.linear[1].weight, spec.linear[1].bias = (
+            np.concatenate(parts) for parts in zip(key, value))
+    output = spec.linear[-1]
+    kernel = _numpy(mha._output_dense.kernel)  # [heads, head_dim, d_model]
+    output.weight = kernel.reshape(-1, kernel.shape[-1]).T  # [d_model, heads * head_dim]
+    output.bias = _numpy(mha._output_dense.bias)
+    _set_layer_norm(spec.layer_norm, attention.layernorm)
+
+
+def _projection(dense) -> tuple[np.ndarray, np.ndarray]:
+    """A query/key/value EinsumDense -> (weight [heads * head_dim, d_model], bias [heads *
+    head_dim]), heads major as CTranslate2 splits them."""
+    kernel = _numpy(dense.kernel)  # [d_model, heads, head_dim]
+    return kernel.reshape(kernel.shape[0], -1).T, _numpy(dense.bias).reshape(-1)
+
+
+# ----------------------------------------------------------------------------- translation
+
+class CTranslate2Translator:
+    """Strings in, `{"translation": bytes [batch], "score": float32 [batch]}` out, from a
+    CTranslate2 export: the results of `translator.Translator` on the same model.
+
+    Sources are truncated to their first `max_source_length - 1` tokens plus END; outputs are at
+    most min(source length + max_extra_length, max_positions) tokens, END included, the source
+    length counting START and END. Empty or whitespace-only sources are not decoded (neither does
+    `Translator`): their translation is "" with score 0.
+
+    Beam search (`beam_rule`):
+    - "native" (default): CTranslate2's own search, as fast as CTranslate2 is: one call per
+      batch, with the batch's longest output cap (each output is then cut at its own cap, as
+      `Translator` stops it; the rare output that runs into its cap keeps the longer search's
+      score); beam search returns the `beam_size` hypotheses CTranslate2 finishes first
+      (length penalty 0, so by log P), re-ranked by log P / lp: the best one is usually, not
+      always, `Translator`'s.
+    - "exact": asks CTranslate2 for every hypothesis it finishes, ranks them by log P / lp and
+      stops as `decoding.beam_search` does (see `_beam`), and decodes sentences in groups of
+      equal cap (CTranslate2 takes one length limit per call): `Translator`'s results exactly,
+      at the cost of longer searches and smaller batches.
+
+    Args:
+        model_dir: a folder written by `export_ctranslate2`.
+        device, inter_threads, intra_threads, compute_type: see `ctranslate2.Translator`
+            (one thread each was fastest for small batches on a 2-core CPU, see FIELD-NOTES).
+        beam_rule: "native" or "exact", see above.
+        max_batch_size: CTranslate2 splits a call's sentences into batches of at most this
+            many (0: never, so a batch is decoded as given).
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, *, device: str = "cpu",
+                 inter_threads: int = 1, intra_threads: int = 1,
+                 compute_type: str = "default", beam_rule: str = "native",
+                 max_batch_size: int = MAX_BATCH_SIZE):
+        if beam_rule not in BEAM_RULES:
+            raise ConfigError(f"beam_rule={beam_rule!r} is not one of {', '.join(BEAM_RULES)}")
+        self.beam_rule = beam_rule
+        self.options = dict(_SEARCH_OPTIONS, max_batch_size=max_batch_size)
+        self.model_dir = Path(model_dir)
+        settings_path = self.model_dir / SETTINGS_FILE
+        if not settings_path.is_file():
+            raise FileNotFoundError(f"{self.model_dir} is not an export of export_ctranslate2 "
+                                    f"(no {SETTINGS_FILE})")
+        self.settings = json.loads(settings_path.read_text())
+        self.processor = sentencepiece.SentencePieceProcessor(
+            model_file=str(self.model_dir / self.settings["sentencepiece_model"]))
+        self.translator = ctranslate2.Translator(
+            str(self.model_dir), device=device, compute_type=compute_type,
+            inter_threads=inter_threads, intra_threads=intra_threads)
+        self.beam_size = int(self.settings["beam_size"])
+        self.alpha = float(self.settings["alpha"])
+        self.max_extra_length = int(self.settings["max_extra_length"])
+        self.max_positions = int(self.settings["max_positions"])
+        self.max_source_length = int(self.settings.get("max_source_length", self.max_positions))
+
+    def translate_greedy(self, batch) -> dict:
+        """Greedy decoding: `{"translation": bytes [batch], "score": float32 [batch]}` with
+        log P(translation | source) as score (END included)."""
+        best = self.greedy_ids(batch)
+        return {"translation": self._texts(best), "score": _scores(best)}
+
+    def translate_beam(self, batch) -> dict:
+        """Beam search: `{"translation": bytes [batch], "score": float32 [batch]}` with the
+        length-normalized log P / lp as score."""
+        best = [hypotheses[0] for hypotheses in self.beam_ids(batch)]
+        return {"translation": self._texts(best), "score": _scores(best)}
+
+    def translate_nbest(self, batch) -> dict:
+        """The `beam_size` best hypotheses, best first: `{"translations": bytes [batch, beam],
+        "scores": float32 [batch, beam]}`; an empty slot has "" and `decoding.NEG_INF` (an
+        empty source: "" with score 0, then empty slots)."""
+        nbest = self.beam_ids(batch)
+        flat = [hypothesis for hypotheses in nbest for hypothesis in hypotheses]
+        shape = (len(nbest), self.beam_size)
+        return {"translations": self._texts(flat).reshape(shape),
+                "scores": _scores(flat).reshape(shape)}
+
+    def greedy_ids(self, batch) -> list[tuple[list[int], float]]:
+        """Per sentence (output ids, END included where produced; log P)."""
+        return self._translate(batch, self._greedy, not_decoded=([], 0.0))
+
+    def beam_ids(self, batch) -> list[list[tuple[list[int], float]]]:
+        """Per sentence the `beam_size` best (output ids; log P / lp), padded with
+        ([], NEG_INF)."""
+        not_decoded = [([], 0.0)] + [([], NEG_INF)] * (self.beam_size - 1)
+        return self._translate(batch, self._beam, not_decoded=not_decoded)
+
+    def _translate(self, batch, decode, not_decoded) -> list:
+        """Runs `decode(sources, cap)` on each group of sources with the same output cap (with
+        the "native" rule: on all of them at once, with the longest cap, each output then cut
+        at its own cap); `not_decoded` stands for empty sources."""
+        sources = [self._source_pieces(source) for source in _strings(batch)]
+        caps = {index: self._cap(pieces) for index, pieces in enumerate(sources)
+                if pieces is not None}
+        groups = defaultdict(list)
+        for index, cap in caps.items():
+            groups[max(caps.values()) if self.beam_rule == "native" else cap].append(index)
+        results = [not_decoded] * len(sources)
+        for cap, indices in groups.items():
+            for index, result in zip(indices, decode([sources[i] for i in indices], cap)):
+                results[index] = _cut(result, caps[index])
+        return results
+
+    def _source_pieces(self, source: bytes) -> list[str] | None:
+        """The source's pieces, truncated so that with START and END they fit the position
+        table (as `Translator` truncates); None for an empty or whitespace-only source."""
+        if not source.strip():
+            return None
+        pieces = self.processor.encode(source.decode("utf-8", errors="replace"), out_type=str)
+        return pieces[:self.max_source_length - 2]
+
+    def _cap(self, pieces: list[str]) -> int:
+        """The most tokens generated for a source, END included."""
+        return min(len(pieces) + 2 + self.max_extra_length, self.max_positions)
+
+    def _greedy(self, sources: list[list[str]], cap: int) -> list[tuple[list[int], float]]:
+        results = self.translator.translate_batch(
+            sources, beam_size=1, max_decoding_length=cap, **self.options)
+        return [self._hypotheses(result)[0] for result in results]
+
+    def _beam(self, sources: list[list[str]], cap: int, first_limit: int | None = None) -> list:
+        """Beam search with our ranking and stopping rule; per source the `beam_size` best
+        (ids, log P / lp).
+
+        Run to the cap, CTranslate2's search finishes the hypotheses ours does (both keep the
+        best `beam_size` of `2 * beam_size` candidates that do not end, and finish those that
+        end among the best `beam_size`), so the best by log P / lp among all of them are ours.
+        Ours stops earlier, once no longer output can rank among the best, and so does this:
+        it searches up to `first_limit` tokens (default twice the longest source), checks that
+        rule (`_settled`), and searches again with twice the limit the sources it cannot settle.
+        """
+        if self.beam_rule == "native":
+            return self._native_beam(sources, cap)
+        if first_limit is None:
+            first_limit = 2 * (max(map(len, sources)) + 2)
+        limit = cap if self.beam_size == 1 else min(cap, first_limit)
+        ranked = [None] * len(sources)
+        pending = list(range(len(sources)))
+        while pending:
+            found = self._search([sources[i] for i in pending], limit)
+            for index, hypotheses in zip(pending, found):
+                ranked[index] = self._settled(hypotheses, limit, cap)
+            pending = [i for i in pending if ranked[i] is None]
+            limit = min(2 * limit, cap)
+        return [hypotheses + [([], NEG_INF)] * (self.beam_size - len(hypotheses))
+                for hypotheses in ranked]
+
+    def _native_beam(self, sources: list[list[str]], cap: int) -> list:
+        """CTranslate2's own beam search; its `beam_size` hypotheses re-ranked by log P / lp."""
+        results = self.translator.translate_batch(
+            sources, beam_size=self.beam_size, num_hypotheses=self.beam_size,
+            max_decoding_length=cap, **self.options)
+        ranked = [self._rank(self._hypotheses(result)) for result in results]
+        return [hypotheses + [([], NEG_INF)] * (self.beam_size - len(hypotheses))
+                for hypotheses in ranked]
+
+    def _search(self, sources: list[list[str]], limit: int) -> list:
+        """Every hypothesis CTranslate2's beam search finishes with outputs cut at `limit`
+        tokens: per source [(ids, log P)].
+
+        With length penalty 0 CTranslate2 stops a sentence once its best by log P has ended
+        and `num_hypotheses` have finished, and returns the best `num_hypotheses` by log P;
+        asking for all it can finish (`beam_size` per step, which `patience=limit` permits)
+        turns both off.
+        """
+        every = self.beam_size * limit if self.beam_size > 1 else 1
+        results = self.translator.translate_batch(
+            sources, beam_size=self.beam_size, num_hypotheses=every, patience=limit,
+            max_decoding_length=limit, **self.options)
+        return [self._hypotheses(result) for result in results]
+
+    def _settled(self, hypotheses: list, limit: int, cap: int) -> list | None:
+        """The `beam_size` best of `hypotheses` (from `_search` up to `limit`) by log P / lp,
+        or None if a longer output up to `cap` could still rank among them.
+
+        Below the cap, the hypotheses without END are beams cut at `limit` that our search
+        continues. Any later hypothesis has a log P below the best of them (or, when all
+        hypotheses at `limit` ended, below the worst of those) and lp at most lp(cap): the
+        early stopping bound of `decoding.beam_search`.
+        """
+        if limit >= cap:
+            return self._rank(hypotheses)
+        best = self._rank([h for h in hypotheses if h[0][-1:] == [END_ID]])
+        if len(best) < self.beam_size:
+            return None
+        cut = [log_prob for ids, log_prob in hypotheses if ids[-1:] != [END_ID]]
+        at_limit = [log_prob for ids, log_prob in hypotheses if len(ids) == limit]
+        bound = max(cut) if cut else min(at_limit, default=NEG_INF)
+        return best if bound / length_penalty(cap, self.alpha) < best[-1][1] else None
+
+    def _rank(self, hypotheses: list) -> list:
+        """(ids, log P) pairs -> the `beam_size` best (ids, log P / lp), best first."""
+        scored = [(ids, log_prob / length_penalty(len(ids), self.alpha))
+                  for ids, log_prob in hypotheses]
+        return sorted(scored, key=lambda hypothesis: -hypothesis[1])[:self.beam_size]
+
+    def _hypotheses(self, result) -> list[tuple[list[int], float]]:
+        """A CTranslate2 TranslationResult -> [(ids, log P)]."""
+        return [([self.processor.piece_to_id(piece) for piece in tokens], score)
+                for tokens, score in zip(result.hypotheses, result.scores)]
+
+    def _texts(self, hypotheses: list) -> np.ndarray:
+        """(ids, score) pairs -> object array of UTF-8 bytes, as `Tokenizer.detokenize`
+        makes them (PAD and START dropped, cut at the first END)."""
+        texts = np.empty(len(hypotheses), dtype=object)
+        for index, (ids, _) in enumerate(hypotheses):
+            if END_ID in ids:
+                ids = ids[:ids.index(END_ID)]
+            texts[index] = self.processor.decode(
+                [i for i in ids if i not in (PAD_ID, START_ID)]).encode("utf-8")
+        return texts
+
+
+# Options of every CTranslate2 search. length_penalty 0: raw log P (CTranslate2 divides by
+# len ** penalty); min_decoding_length 0: END may come first, as in ours; max_input_length 0:
+# sources are truncated here, keeping their END; return_end_token: |Y| counts END.
+_SEARCH_OPTIONS = dict(length_penalty=0.0, min_decoding_length=0,
+                       max_input_length=0, return_scores=True, return_end_token=True)
+
+
+def _cut(result, cap: int):
+    """A greedy (ids, score) or a beam's [(ids, score)] with every output cut at `cap` tokens."""
+    if isinstance(result, tuple):
+        return result[0][:cap], result[1]
+    return [(ids[:cap], score) for ids, score in result]
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty ((5 + length) / 6) ** alpha, as `decoding.length_penalty`."""
+    return math.pow((5.0 + length) / 6.0, alpha)
+
+
+def _scores(hypotheses: list) -> np.ndarray:
+    return np.array([score for _, score in hypotheses], np.float32).reshape(len(hypotheses))
+
+
+def _strings(batch) -> list[bytes]:
+    """A list of str/bytes, a 1-D tf.string tensor or a numpy array -> list of UTF-8 bytes."""
+    if hasattr(batch, "numpy"):
+        batch = batch.numpy()
+    return [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in list(batch)]

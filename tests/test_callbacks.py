@@ -1,0 +1,147 @@
+"""Training callbacks without training: step summaries from scripted batch logs, the attention
+figure's panels and axis labels, the config field that turns step summaries on."""
+
+import dataclasses
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_transformer import callbacks
+from keras_transformer.callbacks import StepSummaries, attention_figure, figure_to_image
+from keras_transformer.config import ConfigError, ExperimentConfig, TrainConfig
+from keras_transformer.runs import Run
+
+
+def read_scalars(folder) -> dict:
+    """{tag: {step: value}} of the scalar summaries in the event files of `folder`."""
+    values = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                values.setdefault(value.tag, {})[event.step] = float(
+                    tf.make_ndarray(value.tensor))
+    return values
+
+
+class FakeOptimizer:
+    """The two attributes `StepSummaries` reads: `iterations`, and a rate of 0.001 * step."""
+
+    iterations = 0
+
+    @property
+    def learning_rate(self):
+        return 0.001 * self.iterations
+
+
+def run_batches(callback, monkeypatch, epochs):
+    """Feeds `callback` epochs of (optimizer step after the batch, batch tokens, batch mean loss),
+    with batch logs as `fit` gives them (running over the epoch); one second per batch, and
+    10 s of validation between epochs that must not count."""
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(callbacks, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    optimizer = FakeOptimizer()
+    callback.set_model(types.SimpleNamespace(optimizer=optimizer))
+    callback.on_train_begin()
+    for epoch, batches in enumerate(epochs):
+        callback.on_epoch_begin(epoch)
+        tokens = losses = 0.0
+        for batch, (step, batch_tokens, batch_loss) in enumerate(batches):
+            clock.now += 1.0
+            optimizer.iterations = step
+            tokens += batch_tokens
+            losses += batch_tokens * batch_loss
+            callback.on_train_batch_end(batch, {"loss": losses / tokens, "target_tokens": tokens,
+                                                "accuracy": 0.5})
+        callback.on_epoch_end(epoch)
+        clock.now += 10.0
+    callback.on_train_end()
+
+
+def test_step_summaries_are_means_over_the_steps_since_the_last_write(tmp_path, monkeypatch):
+    epochs = [[(1, 10, 4.0), (2, 20, 3.0), (3, 30, 2.0)],
+              [(4, 20, 1.0), (5, 10, 2.0), (6, 20, 0.25)]]
+    run_batches(StepSummaries(tmp_path, every_steps=2), monkeypatch, epochs)
+    scalars = read_scalars(tmp_path)
+    assert set(scalars) == {"step_loss", "step_learning_rate", "step_tokens_per_second"}
+    np.testing.assert_allclose(list(scalars["step_learning_rate"].items()),
+                               [(2, 0.002), (4, 0.004), (6, 0.006)])
+    # Step 4 starts a new epoch: its window is step 4 alone, not step 3 nor the validation.
+    np.testing.assert_allclose(list(scalars["step_loss"].items()),
+                               [(2, (40 + 60) / 30), (4, 1.0), (6, (20 + 5) / 30)], rtol=1e-6)
+    np.testing.assert_allclose(list(scalars["step_tokens_per_second"].items()),
+                               [(2, 30 / 2), (4, 20 / 1), (6, 30 / 2)], rtol=1e-6)
+
+
+def test_step_summaries_write_once_per_optimizer_step(tmp_path, monkeypatch):
+    """Under gradient accumulation the step moves every other batch; a resume starts mid-way."""
+    callback = StepSummaries(tmp_path, every_steps=2)
+    FakeOptimizer.iterations = 4  # where the restored optimizer stands at `on_train_begin`
+    try:
+        run_batches(callback, monkeypatch, [[(4, 10, 1.0), (5, 10, 1.0), (5, 10, 1.0),
+                                             (6, 10, 3.0), (6, 10, 1.0), (7, 10, 1.0)]])
+    finally:
+        del FakeOptimizer.iterations
+    scalars = read_scalars(tmp_path)
+    assert list(scalars["step_loss"]) == [6]
+    assert scalars["step_loss"][6] == pytest.approx(1.5)  # the 4 batches since the epoch began
+
+
+def test_log_every_steps_is_checked_and_zero_turns_step_summaries_off(tmp_path):
+    with pytest.raises(ConfigError, match=r"train.log_every_steps=-1 must be >= 0"):
+        TrainConfig(log_every_steps=-1)
+    assert TrainConfig().log_every_steps == 50
+    run = Run(tmp_path)
+
+    def step_summaries(every):
+        config = ExperimentConfig(train=TrainConfig(log_every_steps=every))
+        return [c for c in callbacks.default_callbacks(config, run)
+                if isinstance(c, StepSummaries)]
+
+    [callback] = step_summaries(7)
+    assert (callback.every_steps, callback.log_dir) == (7, str(tmp_path / "logs" / "train_steps"))
+    assert step_summaries(0) == []
+
+
+def test_another_log_every_steps_resumes_the_same_run(tmp_path):
+    config = ExperimentConfig(train=TrainConfig(log_every_steps=50))
+    Run.create(config, tmp_path).save_config(config)
+    Run.create(dataclasses.replace(config, train=TrainConfig(log_every_steps=10)), tmp_path)
+    with pytest.raises(ConfigError, match="differs in train.seed"):
+        Run.create(dataclasses.replace(config, train=TrainConfig(seed=7)), tmp_path)
+
+
+SOURCE = ["<s>", "▁Ein", "▁Mann", "▁fährt", "▁Fahr", "rad", ".", "</s>"]
+OUTPUT = ["▁A", "▁man", "▁rides", "▁a", "▁bike", ".", "</s>"]
+
+
+def uniform_attention(heads):
+    return np.full((heads, len(OUTPUT), len(SOURCE)), 1.0 / len(SOURCE))
+
+
+@pytest.mark.parametrize("heads, rows", [(4, 1), (8, 2), (6, 2)])
+def test_attention_figure_has_a_panel_per_head_labelled_with_the_pieces(heads, rows):
+    figure = attention_figure(uniform_attention(heads), SOURCE, OUTPUT)
+    panels = [axes for axes in figure.axes if axes.get_label() != "<colorbar>"]
+    shown = [axes for axes in panels if axes.axison]
+    assert len(shown) == heads and len(panels) == rows * 4
+    for head, axes in enumerate(shown):
+        assert axes.get_xlabel() == f"Head {head + 1}"
+        assert [label.get_text() for label in axes.get_xticklabels()] == SOURCE
+        assert [label.get_text() for label in axes.get_yticklabels()] == OUTPUT
+        assert axes.images[0].get_array().shape == (len(OUTPUT), len(SOURCE))
+
+
+def test_attention_figure_refuses_pieces_that_do_not_fit_the_weights():
+    with pytest.raises(ValueError, match=r"attention of shape \(4, 7, 8\) for 6 output and 8"):
+        attention_figure(uniform_attention(4), SOURCE, OUTPUT[:-1])
+
+
+def test_attention_image_is_rgb_and_grows_with_the_heads():
+    four = figure_to_image(attention_figure(uniform_attention(4), SOURCE, OUTPUT))
+    eight = figure_to_image(attention_figure(uniform_attention(8), SOURCE, OUTPUT))
+    assert four.dtype == np.uint8 and four.shape[2] == 3
+    assert four.shape[1] > 800 and four.shape[0] > 200
+    assert eight.shape[0] > 1.8 * four.shape[0] and eight.shape[1] == four.shape[1]
+    assert len(np.unique(four.reshape(-1, 3), axis=0)) > 10  # drawn, not blank

@@ -1,0 +1,435 @@
+"""Tests of the CTranslate2 export and translator: the same outputs as `Translator` (greedy and
+beam, post-norm untied and pre-norm fully tied models), the settings file, refused tokenizers,
+int8, empty sources, and the layout facts the converter relies on."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+pytest.importorskip("ctranslate2")
+
+from ctranslate2.specs.model_spec import OPTIONAL  # noqa: E402
+
+from keras_transformer.config import ConfigError, DecodeConfig, ModelConfig  # noqa: E402
+from keras_transformer.ctranslate2_export import (  # noqa: E402
+    _cut,
+    SETTINGS_FILE,
+    CTranslate2Translator,
+    KerasTransformerConverter,
+    export_ctranslate2,
+)
+from keras_transformer.decoding import NEG_INF, PAD_ID  # noqa: E402
+from keras_transformer.layers import positional_encoding  # noqa: E402
+from keras_transformer.model import Transformer  # noqa: E402
+from keras_transformer.tokenizers import END_ID  # noqa: E402
+from keras_transformer.translator import Translator  # noqa: E402
+
+MAX_LENGTH = 24  # both test models' max_positions
+SENTENCES = [
+    "Ein Mann fährt Fahrrad.",
+    "Zwei Hunde spielen im Schnee.",
+    # 34 tokens with START and END: truncated to the model's 24 positions
+    "Eine Frau liest ein Buch im Park, während Kinder neben ihr Fußball spielen und ein alter "
+    "Mann auf der Bank sitzt und Zeitung liest.",
+    "Hallo",
+    "Der Mann's Hut ist rot.",
+    "Kinder (drei) laufen über die Straße!",
+    "漢字 ☃ 🙂",  # byte-fallback pieces
+    "Ein kleines Mädchen klettert in ein Spielhaus aus Holz.",
+    "Zwei Männer stehen am Herd und bereiten Essen zu.",
+    "Ein Hund rennt.",
+    "Leute",
+    "Eine Gruppe von Menschen steht vor einem Iglu.",
+]
+DECODE = DecodeConfig(beam_size=4, alpha=0.6, max_extra_length=8)
+
+
+@pytest.fixture(scope="module")
+def pre_norm_model(sentencepiece_tokenizers):
+    """A random tiny pre-norm Transformer with every embedding shared (share_embeddings "all").
+
+    Built as `random_translation_model` is (seeded numpy weights), with nonzero biases and
+    LayerNorm parameters so that a misplaced one shows. The tied projection has no bias: the
+    final LayerNorm's beta along END's embedding acts as one, so that some outputs end early
+    and others run to their cap.
+    """
+    tokenizer = sentencepiece_tokenizers[0]
+    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, dff=64, dropout=0.1, norm="pre",
+                         share_embeddings="all", source_vocab_size=tokenizer.vocab_size,
+                         target_vocab_size=tokenizer.vocab_size, max_positions=MAX_LENGTH)
+    model = Transformer(config)
+    model.build()
+    rng = np.random.default_rng(11)
+    weights = []
+    for w in model.get_weights():
+        if w.ndim >= 2:
+            limit = np.sqrt(6.0 / (w.shape[0] + np.prod(w.shape[1:])))
+            w = rng.uniform(-limit, limit, w.shape)
+        else:
+            w = w + rng.normal(0.0, 0.1, w.shape)
+        weights.append(w.astype(np.float32))
+    model.set_weights(weights)
+    embeddings = model.target_embedding.token_embedding.embeddings
+    embeddings.assign(embeddings * 2.0)
+    end = embeddings.numpy()[END_ID]
+    beta = model.decoder.final_layernorm.beta
+    beta.assign(beta + 1.5 * end / np.linalg.norm(end))
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module", params=["post_none", "pre_all"])
+def models(request, random_translation_model, pre_norm_model):
+    """(model, tokenizer): the post-norm untied fixture model, then the pre-norm tied one."""
+    return random_translation_model if request.param == "post_none" else pre_norm_model
+
+
+def exact_ct2(folder):
+    """A CTranslate2Translator with the rule that reproduces `Translator` exactly."""
+    return CTranslate2Translator(folder, beam_rule="exact")
+
+
+def export(model, tokenizer, folder, decode_config=DECODE, **kwargs):
+    return export_ctranslate2(model, tokenizer, tokenizer, decode_config, folder, **kwargs)
+
+
+def texts(array):
+    return [t.decode("utf-8") if isinstance(t, bytes) else t for t in
+            np.asarray(array, dtype=object).reshape(-1)]
+
+
+def tf_texts(tensor):
+    return [t.decode("utf-8") for t in tensor.numpy().reshape(-1)]
+
+
+def test_greedy_matches_translator(models, tmp_path):
+    model, tokenizer = models
+    translator = Translator(model, tokenizer, tokenizer, DECODE)
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2"))
+    source_ids, caps, max_length = translator._encode_inputs(tf.constant(SENTENCES))
+    ids, scores = translator._greedy_ids(source_ids, caps, max_length)
+    ours = [[int(i) for i in row if i != PAD_ID] for row in ids.numpy()]
+    found = ct2.greedy_ids(SENTENCES)
+
+    assert len(tokenizer.tokenize(tf.constant(SENTENCES[2:3]))[0]) > MAX_LENGTH
+    # What the caps and min_decoding_length=0 are about: the fixture model's outputs are END
+    # alone, the pre-norm model's run to their cap or end early.
+    if model.config.norm == "post":
+        assert all(row == [END_ID] for row in ours)
+    else:
+        assert any(len(row) == cap for row, cap in zip(ours, caps.numpy()))
+        assert any(row[-1:] == [END_ID] for row in ours)
+    assert [row for row, _ in found] == ours
+    np.testing.assert_allclose([score for _, score in found], scores.numpy(), atol=1e-3)
+
+    expected = translator.translate_greedy(tf.constant(SENTENCES))
+    result = ct2.translate_greedy(SENTENCES)
+    assert texts(result["translation"]) == tf_texts(expected["translation"])
+    np.testing.assert_allclose(result["score"], expected["score"].numpy(), atol=1e-3)
+
+
+@pytest.mark.parametrize("alpha", [0.6, 1.4])
+def test_beam_matches_translator(models, alpha, tmp_path):
+    model, tokenizer = models
+    decode_config = DecodeConfig(beam_size=4, alpha=alpha, max_extra_length=8)
+    translator = Translator(model, tokenizer, tokenizer, decode_config)
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2", decode_config))
+    sources = tf.constant(SENTENCES)
+
+    expected = translator.translate_beam(sources)
+    result = ct2.translate_beam(SENTENCES)
+    assert texts(result["translation"]) == tf_texts(expected["translation"])
+    np.testing.assert_allclose(result["score"], expected["score"].numpy(), atol=1e-3)
+
+    expected = translator.translate_nbest(sources)
+    result = ct2.translate_nbest(SENTENCES)
+    assert result["translations"].shape == result["scores"].shape == (len(SENTENCES), 4)
+    assert texts(result["translations"]) == tf_texts(expected["translations"])
+    np.testing.assert_allclose(result["scores"], expected["scores"].numpy(), atol=1e-3)
+
+
+def test_native_beam_reranks_ctranslate2s_own_hypotheses(models, tmp_path):
+    """The default rule runs CTranslate2's search once per group (no rounds) and returns its
+    beam_size hypotheses ordered by log P / lp; its best is one of the exact rule's finished
+    hypotheses' candidates, so both give a translation for every source."""
+    model, tokenizer = models
+    folder = export(model, tokenizer, tmp_path / "ct2",
+                    DecodeConfig(beam_size=4, alpha=1.4, max_extra_length=8))
+    native = CTranslate2Translator(folder)
+    assert native.beam_rule == "native"
+    calls = []
+    search = native.translator.translate_batch
+    native.translator = type("Spy", (), {"translate_batch": lambda self, *a, **k: (
+        calls.append(k), search(*a, **k))[1]})()
+    nbest = native.beam_ids(SENTENCES)
+    assert all(call["num_hypotheses"] == 4 and "patience" not in call for call in calls)
+    for hypotheses in nbest:
+        scores = [score for _, score in hypotheses]
+        assert scores == sorted(scores, reverse=True) and len(hypotheses) == 4
+    with pytest.raises(ConfigError, match="beam_rule='fast' is not one of native, exact"):
+        CTranslate2Translator(folder, beam_rule="fast")
+
+
+def test_native_greedy_is_one_call_per_batch_cut_at_each_cap(random_translation_model,
+                                                             tmp_path):
+    """The default rule decodes a batch in one call with its longest cap; every output is the
+    exact rule's (greedy outputs are prefixes of longer ones), and so is every score of an
+    output that ended before its cap."""
+    model, tokenizer = random_translation_model
+    folder = export(model, tokenizer, tmp_path / "ct2", DecodeConfig(max_extra_length=2))
+    native = CTranslate2Translator(folder).greedy_ids(SENTENCES)
+    exact = CTranslate2Translator(folder, beam_rule="exact").greedy_ids(SENTENCES)
+    assert [ids for ids, _ in native] == [ids for ids, _ in exact]
+    ended = [i for i, (ids, _) in enumerate(exact) if ids[-1:] == [END_ID]]
+    assert ended
+    np.testing.assert_allclose([native[i][1] for i in ended], [exact[i][1] for i in ended],
+                               atol=1e-4)
+    # An output longer than its own cap (possible under the batch's longest cap) is cut there.
+    assert _cut(([5, 6, 7, 8], -1.5), 2) == ([5, 6], -1.5)
+    assert _cut([([5, 6, 7], -1.0), ([5, END_ID], -2.0)], 2) == [([5, 6], -1.0),
+                                                                ([5, END_ID], -2.0)]
+
+
+def test_beam_rounds_give_the_search_to_the_cap(random_translation_model, tmp_path):
+    """Searching first to 1 token and doubling (the stopping rule decides after each round)
+    finds what one search to the cap finds."""
+    model, tokenizer = random_translation_model
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2",
+                                       DecodeConfig(beam_size=4, alpha=1.4, max_extra_length=8)))
+    for sentence in SENTENCES:
+        pieces = ct2._source_pieces(sentence.encode("utf-8"))
+        cap = ct2._cap(pieces)
+        rounds = ct2._beam([pieces], cap, first_limit=1)[0]
+        once = ct2._beam([pieces], cap, first_limit=cap)[0]
+        assert [ids for ids, _ in rounds] == [ids for ids, _ in once]
+        np.testing.assert_allclose([s for _, s in rounds], [s for _, s in once], atol=1e-4)
+
+
+def test_settings_file_and_layout(random_translation_model, tmp_path):
+    model, tokenizer = random_translation_model
+    folder = export(model, tokenizer, tmp_path / "ct2", quantization="float32",
+                    provenance={"run": "runs/tiny", "weights": "best"})
+    settings = json.loads((folder / SETTINGS_FILE).read_text())
+    assert settings == {
+        "beam_size": 4, "alpha": 0.6, "max_extra_length": 8, "max_positions": MAX_LENGTH, "max_source_length": MAX_LENGTH,
+        "source_start": "<s>", "source_end": "</s>", "sentencepiece_model": "sentencepiece.model",
+        "quantization": "float32", "run": "runs/tiny", "weights": "best"}
+    assert (folder / "sentencepiece.model").is_file() and (folder / "model.bin").is_file()
+    assert not list(tmp_path.glob(".*partial"))
+
+    config = json.loads((folder / "config.json").read_text())
+    assert config["add_source_bos"] and config["add_source_eos"]
+    assert config["layer_norm_epsilon"] == pytest.approx(1e-6)
+    # SentencePiece's reserved pieces are CTranslate2's default special tokens.
+    vocabulary = json.loads((folder / "shared_vocabulary.json").read_text())
+    assert vocabulary[:4] == ["<pad>", "<s>", "</s>", "<unk>"]
+    assert (config["unk_token"], config["bos_token"], config["eos_token"]) == (
+        "<unk>", "<s>", "</s>")
+
+    with pytest.raises(FileExistsError):
+        export(model, tokenizer, folder)
+    with pytest.raises(ConfigError, match="provenance keys \\['alpha'\\]"):
+        export(model, tokenizer, tmp_path / "other", provenance={"alpha": 1.0})
+    with pytest.raises(ConfigError, match="quantization='int4'"):
+        export(model, tokenizer, tmp_path / "other", quantization="int4")
+
+
+def test_spec_carries_our_position_table(pre_norm_model):
+    model, tokenizer = pre_norm_model
+    vocabulary = [f"piece{i}" for i in range(tokenizer.vocab_size)]
+    spec = KerasTransformerConverter(model, vocabulary)._load()
+    table = positional_encoding(MAX_LENGTH, 32)
+    np.testing.assert_array_equal(spec.encoder.position_encodings.encodings, table)
+    np.testing.assert_array_equal(spec.decoder.position_encodings.encodings, table)
+    assert table[0, 0] == 0.0 and table[0, 1] == 1.0  # interleaved, from position 0
+
+
+def ctranslate2_sinusoids(length, depth):
+    """CTranslate2's built-in table (OpenNMT-tf's): rates 10000^(-i / (depth / 2 - 1)),
+    positions from 1, sines then cosines."""
+    rates = np.exp(-np.arange(depth // 2) * np.log(10000.0) / (depth // 2 - 1))
+    angles = np.arange(1, length + 1)[:, None] * rates[None, :]  # [length, depth / 2]
+    return np.concatenate([np.sin(angles), np.cos(angles)], axis=1).astype(np.float32)
+
+
+def export_changed(model, tokenizer, folder, monkeypatch, change):
+    """An export whose spec `change(spec)` alters after the converter filled it."""
+    load = KerasTransformerConverter._load
+
+    def changed_load(self):
+        spec = load(self)
+        change(spec)
+        return spec
+
+    with monkeypatch.context() as patch:
+        patch.setattr(KerasTransformerConverter, "_load", changed_load)
+        return export(model, tokenizer, folder)
+
+
+def set_positions(table):
+    def change(spec):
+        spec.encoder.position_encodings.encodings = table
+        spec.decoder.position_encodings.encodings = table
+    return change
+
+
+def drop_source_markers(spec):
+    spec.config.add_source_bos = spec.config.add_source_eos = False
+
+
+def test_builtin_position_table_is_not_ours(random_translation_model, tmp_path, monkeypatch):
+    """Without our table CTranslate2 uses its own, which the spec then has to replace."""
+    model, tokenizer = random_translation_model
+    builtin = exact_ct2(export_changed(
+        model, tokenizer, tmp_path / "builtin", monkeypatch, set_positions(OPTIONAL)))
+    described = exact_ct2(export_changed(
+        model, tokenizer, tmp_path / "described", monkeypatch,
+        set_positions(ctranslate2_sinusoids(MAX_LENGTH, 32))))
+    ours = exact_ct2(export(model, tokenizer, tmp_path / "ours"))
+    scores = {name: translator.translate_greedy(SENTENCES)["score"]
+              for name, translator in [("builtin", builtin), ("described", described),
+                                       ("ours", ours)]}
+    np.testing.assert_allclose(scores["builtin"], scores["described"], atol=1e-5)
+    assert not np.allclose(scores["builtin"], scores["ours"], atol=1e-3)
+
+
+def test_source_markers_matter(random_translation_model, tmp_path, monkeypatch):
+    model, tokenizer = random_translation_model
+    without = exact_ct2(export_changed(model, tokenizer, tmp_path / "ct2",
+                                                   monkeypatch, drop_source_markers))
+    translator = Translator(model, tokenizer, tokenizer, DECODE)  # its tf.functions hold it weakly
+    expected = translator.translate_greedy(tf.constant(SENTENCES))
+    result = without.translate_greedy(SENTENCES)
+    assert not np.allclose(result["score"], expected["score"].numpy(), atol=1e-3)
+
+
+def test_beam_size_one_is_greedy(random_translation_model, tmp_path):
+    """Beam size 1 ranks greedy output by log P / lp, as `decoding.beam_search` does."""
+    model, tokenizer = random_translation_model
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2",
+                                       DecodeConfig(beam_size=1, alpha=0.6, max_extra_length=8)))
+    greedy = ct2.greedy_ids(SENTENCES)
+    beam = ct2.beam_ids(SENTENCES)
+    assert [hypotheses[0][0] for hypotheses in beam] == [ids for ids, _ in greedy]
+    np.testing.assert_allclose(
+        [hypotheses[0][1] for hypotheses in beam],
+        [log_prob / ((5.0 + len(ids)) / 6.0) ** 0.6 for ids, log_prob in greedy], rtol=1e-6)
+
+
+def test_position_table_bounds_lengths(random_translation_model, tmp_path):
+    """CTranslate2 refuses positions past the table (it does not stop there), so sources are
+    truncated and caps never exceed the table."""
+    model, tokenizer = random_translation_model
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2"))
+    pieces = ct2.processor.encode(SENTENCES[2], out_type=str)
+    assert len(pieces) + 2 > MAX_LENGTH
+    with pytest.raises(RuntimeError, match="position"):
+        ct2.translator.translate_batch([pieces], max_input_length=0)
+    prefix = [["<unk>"] * MAX_LENGTH]
+    with pytest.raises(RuntimeError, match="position"):
+        ct2.translator.translate_batch([pieces[:4]], target_prefix=prefix,
+                                       max_decoding_length=MAX_LENGTH + 1)
+    assert ct2._cap(ct2._source_pieces(SENTENCES[2].encode("utf-8"))) == MAX_LENGTH
+    assert len(ct2.translate_greedy(SENTENCES[2:3])["translation"]) == 1
+
+
+def test_wordpiece_is_refused(wordpiece_tokenizers, tmp_path):
+    source, target = wordpiece_tokenizers
+    config = ModelConfig(num_layers=1, d_model=16, num_heads=2, dff=32,
+                         source_vocab_size=source.vocab_size,
+                         target_vocab_size=target.vocab_size, max_positions=16)
+    model = Transformer(config)
+    model.build()
+    with pytest.raises(ConfigError, match="SentencePiece.*WordPieceTokenizer.*TensorFlow"):
+        export_ctranslate2(model, source, target, DECODE, tmp_path / "ct2")
+    assert not (tmp_path / "ct2").exists()
+
+
+def test_int8_translates(random_translation_model, tmp_path):
+    model, tokenizer = random_translation_model
+    folder = export(model, tokenizer, tmp_path / "ct2", quantization="int8")
+    assert json.loads((folder / SETTINGS_FILE).read_text())["quantization"] == "int8"
+    ct2 = exact_ct2(folder)
+    for result in (ct2.translate_greedy(SENTENCES), ct2.translate_beam(SENTENCES)):
+        assert result["translation"].shape == result["score"].shape == (len(SENTENCES),)
+        assert all(isinstance(t, bytes) for t in result["translation"])
+        assert result["score"].dtype == np.float32 and np.all(np.isfinite(result["score"]))
+
+
+def test_empty_sources_are_not_decoded(random_translation_model, tmp_path):
+    model, tokenizer = random_translation_model
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2"))
+    mixed = ["", SENTENCES[0], "   \t ", SENTENCES[1], "\n"]
+    alone = ct2.translate_greedy(SENTENCES[:2])
+    for result, full in ((ct2.translate_greedy(mixed), alone),
+                         (ct2.translate_beam(mixed), ct2.translate_beam(SENTENCES[:2]))):
+        assert texts(result["translation"])[0::2] == ["", "", ""]
+        assert list(result["score"][0::2]) == [0.0, 0.0, 0.0]
+        assert texts(result["translation"])[1::2] == texts(full["translation"])
+        np.testing.assert_allclose(result["score"][1::2], full["score"], atol=1e-5)
+    nbest = ct2.translate_nbest(mixed)
+    assert texts(nbest["translations"][0]) == [""] * 4
+    assert list(nbest["scores"][0]) == [0.0] + [NEG_INF] * 3
+
+
+def test_input_types_and_empty_batch(random_translation_model, tmp_path):
+    model, tokenizer = random_translation_model
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2"))
+    expected = texts(ct2.translate_greedy(SENTENCES[:3])["translation"])
+    as_bytes = [s.encode("utf-8") for s in SENTENCES[:3]]
+    for batch in (tf.constant(SENTENCES[:3]), np.array(as_bytes, dtype=object), as_bytes):
+        assert texts(ct2.translate_greedy(batch)["translation"]) == expected
+    empty = ct2.translate_nbest([])
+    assert empty["translations"].shape == empty["scores"].shape == (0, 4)
+    assert ct2.translate_beam(tf.constant([], tf.string))["translation"].shape == (0,)
+
+
+def cli_run(capsys, monkeypatch, argv, stdin=""):
+    import io
+
+    from keras_transformer import cli
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8"))))
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_exports_ctranslate2_and_translates_with_either_export(random_run, tmp_path, capsys,
+                                                                   monkeypatch):
+    ct2_dir, saved = tmp_path / "ct2", tmp_path / "saved_models" / "demo"
+    code, out, err = cli_run(capsys, monkeypatch, ["export", "--run", str(random_run), "--format",
+                                                   "ctranslate2", "--output", str(ct2_dir)])
+    assert code == 0, err
+    assert (ct2_dir / "model.bin").is_file() and f"to {ct2_dir}" in out
+    assert cli_run(capsys, monkeypatch, ["export", "--run", str(random_run),
+                                         "--output", str(saved)])[0] == 0
+
+    lines = "\n".join(SENTENCES[:6]) + "\n"
+    outputs = {}
+    for name, model_dir in (("ct2", ct2_dir), ("saved", saved / "1")):
+        code, outputs[name], err = cli_run(capsys, monkeypatch, [
+            "translate", "--model", str(model_dir), "--greedy", "--quiet"], lines)
+        assert code == 0, err
+    assert outputs["ct2"] == outputs["saved"] and len(outputs["ct2"].splitlines()) == 6
+
+    code, out, _ = cli_run(capsys, monkeypatch, ["info", "--model", str(ct2_dir)])
+    record = json.loads(out)
+    assert code == 0 and record["format"] == "ctranslate2" and record["beam_size"] == 2
+    assert record["weights_file"].endswith("best.weights.h5") and len(record["weights_sha256"]) == 64
+    code, out, _ = cli_run(capsys, monkeypatch, ["info", "--model", str(saved / "1")])
+    record = json.loads(out)
+    assert record["format"] == "savedmodel" and record["search"]["beam_size"] == 2
+    assert record["model"]["max_positions"] == 24 and "sources truncated" in record["length_rule"]
+
+    code, _, err = cli_run(capsys, monkeypatch, ["export", "--run", str(random_run), "--format",
+                                                 "ctranslate2", "--output", str(ct2_dir)])
+    assert code == 2 and "already exists" in err and len(err.splitlines()) == 1
+    code, _, err = cli_run(capsys, monkeypatch, ["export", "--run", str(random_run), "--format",
+                                                 "ctranslate2", "--xla", "--output",
+                                                 str(tmp_path / "x")])
+    assert code == 2 and "--xla is for SavedModel exports" in err
+    code, _, err = cli_run(capsys, monkeypatch, ["translate", "--model", str(ct2_dir),
+                                                 "--beam", "3"], "x\n")
+    assert code == 2 and "exported with beam size 2" in err

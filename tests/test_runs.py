@@ -1,0 +1,279 @@
+"""The run folder (`keras_transformer.runs`) without training: whole-or-nothing writes, weight
+files that carry their model config, the run's state, refusing and overwriting another run,
+falling back from a damaged checkpoint."""
+
+import dataclasses
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from keras_transformer import runs
+from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig, TrainConfig
+from keras_transformer.model import Transformer
+from keras_transformer.runs import DamagedWeightsError, Run
+
+
+def tiny_config(**train) -> ExperimentConfig:
+    return ExperimentConfig(
+        name="unit",
+        model=ModelConfig.from_preset("tiny", source_vocab_size=50, target_vocab_size=50),
+        train=TrainConfig(warmup_steps=10, validation_bleu_sentences=0, **train))
+
+
+def compiled_model(config: ExperimentConfig, seed: int = 0) -> Transformer:
+    """A compiled tiny model with a built optimizer, its weights drawn from `seed`."""
+    from keras_transformer.training import build_model
+
+    model = build_model(config)
+    model.optimizer.build(model.trainable_variables)
+    rng = np.random.default_rng(seed)
+    model.set_weights([rng.normal(size=w.shape).astype(w.dtype) for w in model.get_weights()])
+    return model
+
+
+def truncate(path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+
+
+def snapshot(folder) -> dict:
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def two_epoch_template(tmp_path_factory):
+    """A run folder (no vocabulary) whose epochs 1 and 2 were saved by `Run.save_epoch`, with
+    different weights, optimizer steps 3 and 7 and validation BLEU 10 and 5; returns (run path,
+    [(weights, dropout seed states) of each epoch])."""
+    config = tiny_config(epochs=5)
+    run = Run.create(config, tmp_path_factory.mktemp("template") / "run")
+    run.save_config(config)
+    saved = []
+    for epoch, (step, bleu) in enumerate([(3, 10.0), (7, 5.0)], start=1):
+        model = compiled_model(config, seed=epoch)
+        model.optimizer.iterations.assign(step)
+        for variable in runs.random_states(model):
+            variable.assign(variable.numpy() + epoch)
+        run.save_epoch(model, epoch, val_bleu=bleu)
+        saved.append((model.get_weights(), [v.numpy() for v in runs.random_states(model)]))
+    return run.path, saved
+
+
+@pytest.fixture
+def run_with_two_epochs(two_epoch_template, tmp_path):
+    """A copy of `two_epoch_template`: (Run, [(weights, seed states) of epochs 1 and 2])."""
+    import shutil
+
+    path, saved = two_epoch_template
+    shutil.copytree(path, tmp_path / "run")
+    return Run(tmp_path / "run"), saved
+
+
+# ----------------------------------------------------------------------------- whole files
+
+def test_atomic_path_replaces_the_file_only_when_the_write_completes(tmp_path):
+    target = tmp_path / "state.json"
+    target.write_text("old")
+    with pytest.raises(RuntimeError):
+        with runs.atomic_path(target) as partial:
+            partial.write_text("half")
+            raise RuntimeError("killed")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+    with runs.atomic_path(target) as partial:
+        assert partial.name == f".partial-{os.getpid()}-state.json"
+        partial.write_text("new")
+    assert target.read_text() == "new" and len(list(tmp_path.iterdir())) == 1
+
+
+def test_save_epoch_writes_checkpoint_last_best_and_state(run_with_two_epochs):
+    run, models = run_with_two_epochs
+    assert [p.name for p in run.epoch_checkpoints()] == ["epoch_001.weights.h5",
+                                                         "epoch_002.weights.h5"]
+    assert run.state() == {"epoch": 2, "optimizer_step": 7,
+                           "checkpoint": "checkpoints/epoch_002.weights.h5",
+                           "best": {"epoch": 1, "val_bleu": 10.0}, "stopped_early": False}
+    # best stays epoch 1's (BLEU 10 > 5); last is epoch 2's.
+    for name, (weights, _) in (("best", models[0]), ("last", models[1])):
+        for got, want in zip(run.load_model(name).get_weights(), weights):
+            np.testing.assert_array_equal(got, want)
+    assert not list(run.path.rglob(".partial-*"))
+    run.mark_stopped_early()
+    assert run.state()["stopped_early"] is True
+
+
+def test_averaged_weights_are_written_whole_with_a_checked_name(run_with_two_epochs, tmp_path):
+    run, models = run_with_two_epochs
+    path = run.average(2)
+    expected = [(a + b) / 2 for a, b in zip(models[0][0], models[1][0])]
+    for got, want in zip(run.load_model(path).get_weights(), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    with pytest.raises(ConfigError, match=r"mean.h5: a weights file's name ends in .weights.h5"):
+        run.average(2, tmp_path / "mean.h5")
+    (tmp_path / "folder.weights.h5").mkdir()
+    with pytest.raises(ConfigError, match=r"folder.weights.h5 is a folder, not a weights file"):
+        run.average(2, tmp_path / "folder.weights.h5")
+
+
+# ----------------------------------------------------------------------------- what weights carry
+
+def test_weights_carry_their_model_config_and_a_mismatch_names_the_first_field(tmp_path):
+    config = tiny_config().model
+    model = Transformer(config)
+    model.build()
+    path = runs.save_weights(model, tmp_path / "w.weights.h5")
+    other = Transformer(dataclasses.replace(config, num_layers=1, d_model=64, num_heads=4))
+    other.build()
+    with pytest.raises(ConfigError) as error:
+        runs.load_weights(other, path, other.config, "exp.yaml")
+    assert str(error.value) == (f"{path} was trained with model.num_layers=2, but exp.yaml has "
+                                "model.num_layers=1")
+    # Dropout acts only in training: another value loads.
+    runs.load_weights(model, path, dataclasses.replace(config, dropout=0.3))
+
+
+def test_weights_written_by_keras_alone_still_load(tmp_path):
+    model = Transformer(tiny_config().model)
+    model.build()
+    model.save_weights(tmp_path / "plain.weights.h5")
+    runs.load_weights(model, tmp_path / "plain.weights.h5", model.config)
+
+
+def test_a_truncated_weight_file_is_named(tmp_path):
+    model = Transformer(tiny_config().model)
+    model.build()
+    path = runs.save_weights(model, tmp_path / "w.weights.h5")
+    truncate(path)
+    with pytest.raises(DamagedWeightsError, match=rf"^{path} is damaged \(.*truncated"):
+        runs.load_weights(model, path, model.config)
+
+
+@pytest.mark.parametrize("field, old, new", [("num_layers", 2, 3), ("d_model", 32, 256)])
+def test_a_run_config_edited_after_training_is_refused_in_one_line(run_with_two_epochs, field,
+                                                                   old, new):
+    """Issue 27: num_layers 4 -> 3 in config.yaml silently dropped a layer's weights, and
+    d_model 256 gave an 87-object load traceback."""
+    run, _ = run_with_two_epochs
+    text = run.config_path.read_text()
+    assert f"  {field}: {old}\n" in text
+    run.config_path.write_text(text.replace(f"  {field}: {old}\n", f"  {field}: {new}\n"))
+    with pytest.raises(ConfigError) as error:
+        Run(run.path).load_model("last")
+    assert str(error.value) == (f"{run.weights_file('last')} was trained with model.{field}="
+                                f"{old}, but {run.config_path} has model.{field}={new}")
+
+
+# ----------------------------------------------------------------------------- resume
+
+def test_restore_loads_weights_optimizer_state_and_dropout_seeds(run_with_two_epochs):
+    run, models = run_with_two_epochs
+    weights, states = models[1]
+    assert len(states) > 0
+    model = compiled_model(run.config, seed=9)
+    assert run.restore(model) == 2
+    assert int(model.optimizer.iterations.numpy()) == 7
+    for got, want in zip(model.get_weights(), weights):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(runs.random_states(model), states):
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_restore_reports_a_damaged_checkpoint_and_falls_back(run_with_two_epochs, caplog):
+    run, models = run_with_two_epochs
+    truncate(run.checkpoint_file(2))
+    model = compiled_model(run.config, seed=9)
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+        assert run.restore(model) == 1
+    assert f"{run.checkpoint_file(2)} is damaged (" in caplog.text
+    assert (f"resuming from {run.checkpoint_file(1)}, the newest checkpoint that loads "
+            "(damaged: epoch_002.weights.h5)") in caplog.text
+    assert int(model.optimizer.iterations.numpy()) == 3
+    for got, want in zip(model.get_weights(), models[0][0]):
+        np.testing.assert_array_equal(got, want)
+    truncate(run.checkpoint_file(1))
+    with pytest.raises(ConfigError, match="no checkpoint in .* loads; add --overwrite"):
+        run.restore(model)
+
+
+def test_a_checkpoint_newer_than_the_state_is_recorded_when_restored(run_with_two_epochs):
+    """A kill after epoch 2's checkpoint was renamed into place but before `last` and the
+    state were: the run is not finished, and resuming records epoch 2 as its end would have."""
+    run, models = run_with_two_epochs
+    state = run.state()
+    run.state_path.write_text(json.dumps({**state, "epoch": 1, "optimizer_step": 3}))
+    runs.copy_file(run.checkpoint_file(1), run.weights_file("last"))
+    assert run.epochs_done() == 1 and run.finished(tiny_config(epochs=2)) is None
+    assert run.restore(compiled_model(run.config, seed=9)) == 2
+    assert (run.state()["epoch"], run.state()["optimizer_step"]) == (2, 7)
+    for got, want in zip(run.load_model("last").get_weights(), models[1][0]):
+        np.testing.assert_array_equal(got, want)
+    # The same kill after the first epoch's checkpoint: no state, no last.
+    run.state_path.unlink()
+    run.weights_file("last").unlink()
+    assert run.epochs_done() == 0
+
+
+def test_finished_runs_say_so(run_with_two_epochs):
+    run, _ = run_with_two_epochs
+    assert run.finished(tiny_config(epochs=3)) is None
+    assert run.finished(tiny_config(epochs=2)) == (
+        f"{run.path} is finished: 2 epochs done, train.epochs=2; raise train.epochs "
+        "(--set train.epochs=N) to extend it, or --overwrite to train it anew")
+    assert "is finished: 2 epochs done, train.epochs=1" in run.finished(tiny_config(epochs=1))
+    run.mark_stopped_early()
+    assert "is finished: early stopping ended it after epoch 2" in run.finished(
+        tiny_config(epochs=9))
+    assert Run(run.path / "missing").finished(tiny_config()) is None
+
+
+# ----------------------------------------------------------------------------- the output folder
+
+def test_another_run_is_refused_without_overwrite_and_deleted_with_it(run_with_two_epochs,
+                                                                      caplog):
+    run, _ = run_with_two_epochs
+    (run.path / "logs").mkdir()
+    (run.path / "notes.txt").write_text("mine")
+    run.average(1)
+    before = snapshot(run.path)
+    other = tiny_config(epochs=5, label_smoothing=0.2)
+    with pytest.raises(ConfigError, match=r"holds another run's config \(differs in "
+                                          r"train.label_smoothing\); choose another --output, "
+                                          r"or add --overwrite"):
+        Run.create(other, run.path)
+    assert snapshot(run.path) == before
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+        Run.create(other, run.path, overwrite=True)
+    assert sorted(p.name for p in run.path.iterdir()) == ["notes.txt"]
+    assert (f"deleted the previous run in {run.path} (--overwrite): config.yaml, state.json, "
+            "checkpoints/, last.weights.h5, best.weights.h5, logs/, "
+            "average_last1.weights.h5") in caplog.text
+
+
+def test_checkpoints_without_a_config_are_not_taken_over(run_with_two_epochs):
+    run, _ = run_with_two_epochs
+    run.config_path.unlink()
+    with pytest.raises(ConfigError, match="holds checkpoints but no config.yaml"):
+        Run.create(tiny_config(epochs=5), run.path)
+
+
+def test_an_output_that_is_a_file_or_read_only_is_refused(tmp_path, read_only_dir):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match=r"output folder .*/file is a file, not a folder"):
+        Run.create(tiny_config(), tmp_path / "file")
+    with pytest.raises(ConfigError, match=r"output folder .*/file/run: .*/file is a file"):
+        Run.create(tiny_config(), tmp_path / "file" / "run")
+    with pytest.raises(ConfigError, match=rf"output folder {read_only_dir}/run: cannot write in "
+                                          rf"{read_only_dir} \(permission denied"):
+        Run.create(tiny_config(), read_only_dir / "run")
+    assert not list(read_only_dir.iterdir())
+
+
+def test_state_json_damaged_by_hand_is_named(run_with_two_epochs):
+    run, _ = run_with_two_epochs
+    run.state_path.write_text("{")
+    with pytest.raises(ConfigError, match=r"state.json is damaged \(.*\); delete it"):
+        run.state()

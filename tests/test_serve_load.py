@@ -1,0 +1,76 @@
+"""`benchmarks/serve_load.py` in short: a tiny exported model, 3 client threads for a few
+seconds, the benchmark's own assertions; and that those assertions do fail."""
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+from keras_transformer.config import REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def serve_load():
+    spec = importlib.util.spec_from_file_location("serve_load",
+                                                  REPO_ROOT / "benchmarks" / "serve_load.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def test_requests_mix_test_sentences_and_every_bad_input(serve_load):
+    sentences = [f"Satz {i}." for i in range(50)]
+    requests = serve_load.make_requests(sentences, 40, max_batch=64, seed=3)
+    assert len(requests) == 40 and all(1 <= len(r) <= 64 for r in requests)
+    assert requests[0] == serve_load.bad_inputs(sentences)
+    assert len(requests[0][-1].split()) == serve_load.LONG_WORDS
+    assert {"", "   ", "\ufffd", "."} <= set(requests[0])
+    mixed = [s for r in requests[1:] for s in r]
+    assert 0.1 < sum(s not in sentences for s in mixed) / len(mixed) < 0.3
+    assert requests == serve_load.make_requests(sentences, 40, max_batch=64, seed=3)
+
+
+def test_concurrent_clients_get_the_single_client_answers(serve_load, random_export, multi30k_dir,
+                                                          capsys):
+    code = serve_load.main(["--model", str(random_export), "--data-dir", str(multi30k_dir),
+                            "--clients", "3", "--seconds", "3", "--requests", "6",
+                            "--max-batch", "16"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "serve_load: OK" in out and "FAILED" not in err
+    assert "errors 0, answers unlike the single-client ones 0" in out
+    assert "requests/s" in out and "sentences/s" in out and "p99" in out
+
+
+def answer(texts, scores):
+    return tuple(texts), np.asarray(scores, np.float32).tobytes()
+
+
+def test_errors_wrong_answers_and_memory_growth_fail(serve_load):
+    requests = [["Hallo", ""], ["boom"]]
+    good = answer([b"Hello", b""], [-1.5, 0.0])
+    references = {("a", 0): good, ("a", 1): answer([b"x"], [-1.0])}
+
+    def flaky(batch):
+        if batch == ["boom"]:
+            raise ValueError("kaputt")
+        return answer([b"Hello", b""], [-1.5000001, 0.0])  # one ulp away: not equal
+
+    result = serve_load.run_load({"a": flaky}, requests, references, clients=2, seconds=5,
+                                 max_requests=20)
+    assert result.requests == 20 and len(result.errors) + len(result.latencies) == 20
+    assert result.errors and result.mismatches and len(result.mismatches) == len(result.latencies)
+    problems = serve_load.failures(result, 1000, 1200)
+    assert len(problems) == 3
+    assert "requests failed, first: a request 1: ValueError: kaputt" in problems[0]
+    assert "differ from the single-client answers" in problems[1]
+    assert "resident memory grew" in problems[2]
+    assert serve_load.failures(result, 1000, 1099) == problems[:2]
+
+    assert serve_load.insane_answers(requests, references) == []
+    insane = {("a", 0): answer([b"Hello", b"Hallucinated"], [-1.5, -2.0]),
+              ("a", 1): answer([b"\xff"], [float("nan")])}
+    assert len(serve_load.insane_answers(requests, insane)) == 3
