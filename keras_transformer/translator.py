@@ -208,11 +208,12 @@ class Translator(tf.Module):
         (see decoding.greedy_search)."""
         batch_size = tf.shape(source_ids)[0]
         cache, invariants = self._init_cache(batch_size, max_decode_length)
+        step_function, memory = self._step_function(source_ids)
         return decoding.greedy_search(
-            self._step_function(source_ids), cache, batch_size=batch_size,
+            step_function, cache, batch_size=batch_size,
             max_decode_length=max_decode_length, start_id=START_ID, end_id=END_ID,
-            length_caps=length_caps,
-            state_shape_invariants=invariants)
+            length_caps=length_caps, state_shape_invariants=invariants, context=memory,
+            compact=self._compact)
 
     def _beam_search(self, source_ids, length_caps, max_decode_length, num_hypotheses):
         """-> ids int32 [batch, n, max_decode_length], scores float32 [batch, n]
@@ -220,12 +221,14 @@ class Translator(tf.Module):
         batch_size = tf.shape(source_ids)[0]
         beam_size = self.decode_config.beam_size
         cache, invariants = self._init_cache(batch_size, max_decode_length)
+        step_function, memory = self._step_function(source_ids)
         return decoding.beam_search(
-            self._step_function(source_ids, beam_size), cache, batch_size=batch_size,
+            step_function, cache, batch_size=batch_size,
             beam_size=beam_size, max_decode_length=max_decode_length,
             alpha=self.decode_config.alpha,
             start_id=START_ID, end_id=END_ID, length_caps=length_caps,
-            num_hypotheses=num_hypotheses, state_shape_invariants=invariants)
+            num_hypotheses=num_hypotheses, state_shape_invariants=invariants, context=memory,
+            compact=self._compact)
 
     def _init_cache(self, batch_size, max_decode_length):
         """The decoder's self-attention caches and their loop shape invariants.
@@ -248,28 +251,33 @@ class Translator(tf.Module):
     def _growing_caches(self) -> bool:
         return not self.jit_compile
 
-    def _step_function(self, source_ids, beam_size=1):
-        """The search's `symbols_to_logits_fn`: the decoder step over the encoded source.
+    @property
+    def _compact(self) -> bool:
+        """Whether the searches drop finished sentences from the batch (not under XLA, whose
+        shapes are fixed)."""
+        return not self.jit_compile
 
-        The encoder output's cross-attention keys/values never change while decoding, so they
-        are captured here (tiled to the beams) rather than carried, and reordered, in the state.
+    def _step_function(self, source_ids):
+        """The search's `symbols_to_logits_fn` over the encoded source, and its context (the
+        memory it reads at every step but never changes: the encoder output's cross-attention
+        keys/values and the source mask, `[batch, ...]`; the searches tile it to the beams and
+        drop finished sentences from it, but never reorder it).
         """
         context, source_mask = self.model.encode(source_ids, training=False)
-        memory = self.model.precompute_context(context, source_mask)
-        if beam_size > 1:
-            memory = tf.nest.map_structure(lambda t: decoding.tile_beams(t, beam_size), memory)
         growing = self._growing_caches
+        memory = self.model.precompute_context(context, source_mask)
         # Every weight is read once per batch, here, instead of once per step inside the loop
         # (about 90 ReadVariableOps per step for the tutorial model): in a stateless scope the
         # layers see these tensors in place of their variables.
         weights = self.model.weights
         values = [tf.convert_to_tensor(weight.value) for weight in weights]
 
-        def step_function(ids, step, state):
+        def step_function(ids, step, state, memory):
             with keras.StatelessScope(state_mapping=list(zip(weights, values))):
                 return self.model.decode_step(ids, step, state, memory, growing=growing)
 
-        return step_function
+        return step_function, memory
+
 
 
 def _round_up(value, multiple, limit):
