@@ -40,6 +40,7 @@ import tensorflow as tf
 from keras_transformer import decoding
 from keras_transformer.config import DecodeConfig
 from keras_transformer.evaluation import score
+from keras_transformer.inference import DecoderStep
 from keras_transformer.model import Transformer
 from keras_transformer.runs import Run
 from keras_transformer.tokenizers import END_ID, START_ID, Tokenizer, normalize_whitespace
@@ -237,9 +238,10 @@ class Translator(tf.Module):
         cost the length decoded so far (a few tokens for most sentences) instead of the longest
         cap of the batch (source length + 50). XLA needs fixed shapes: caches of `max_decode_length`.
         """
+        init_cache = self._decoder_step.init_cache if self._fast_step else self.model.init_cache
         if not self._growing_caches:
-            return self.model.init_cache(batch_size, max_decode_length), None
-        cache = self.model.init_cache(batch_size)
+            return init_cache(batch_size, max_decode_length), None
+        cache = init_cache(batch_size)
         return cache, self.model.cache_shape_invariants(cache)
 
     @property
@@ -257,14 +259,31 @@ class Translator(tf.Module):
         shapes are fixed)."""
         return not self.jit_compile
 
+    @property
+    def _decoder_step(self) -> DecoderStep:
+        return DecoderStep(self.model)
+
     def _step_function(self, source_ids):
         """The search's `symbols_to_logits_fn` over the encoded source, and its context (the
         memory it reads at every step but never changes: the encoder output's cross-attention
         keys/values and the source mask, `[batch, ...]`; the searches tile it to the beams and
         drop finished sentences from it, but never reorder it).
+
+        The decoder step is `DecoderStep`'s, over the weights' tensors read here once per batch
+        (not once per step inside the loop). `Transformer.decode_step` through the Keras layers
+        is the reference it is tested against (`_fast_step` False).
         """
         context, source_mask = self.model.encode(source_ids, training=False)
         growing = self._growing_caches
+        if self._fast_step:
+            decoder = self._decoder_step
+            weights = decoder.read_weights()
+
+            def step_function(ids, step, state, memory):
+                return decoder.step(weights, ids, step, state, memory, growing=growing)
+
+            return step_function, decoder.precompute(weights, context, source_mask)
+
         memory = self.model.precompute_context(context, source_mask)
         # Every weight is read once per batch, here, instead of once per step inside the loop
         # (about 90 ReadVariableOps per step for the tutorial model): in a stateless scope the
@@ -272,11 +291,13 @@ class Translator(tf.Module):
         weights = self.model.weights
         values = [tf.convert_to_tensor(weight.value) for weight in weights]
 
-        def step_function(ids, step, state, memory):
+        def keras_step_function(ids, step, state, memory):
             with keras.StatelessScope(state_mapping=list(zip(weights, values))):
                 return self.model.decode_step(ids, step, state, memory, growing=growing)
 
-        return step_function, memory
+        return keras_step_function, memory
+
+    _fast_step = True  # False: the Keras layers' `Transformer.decode_step` (the reference)
 
 
 

@@ -150,6 +150,61 @@ def test_cached_decode_steps_equal_teacher_forcing(model, growing):
         np.testing.assert_allclose(logits.numpy()[real], full[real, t], atol=1e-4)
 
 
+@pytest.mark.parametrize("growing", [False, True])
+@pytest.mark.parametrize("share", ["none", "target", "all"])
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_inference_step_equals_keras_decode_step(norm, share, growing):
+    """`inference.DecoderStep` (fused q|k|v, the weights' tensors, no Keras layer calls) gives
+    the logits of the reference `Transformer.decode_step`, to float32 rounding."""
+    from keras_transformer.inference import DecoderStep
+
+    model = Transformer(tiny(norm=norm, share_embeddings=share))
+    source, target = random_batch(seed=5)
+    model((source, target))
+    context, mask = model.encode(source)
+    memory = model.precompute_context(context, mask)
+    max_decode_length = None if growing else 12
+    state = model.init_cache(3, max_decode_length)
+    fast = DecoderStep(model)
+    weights = fast.read_weights()
+    fast_memory = fast.precompute(weights, context, mask)
+    fast_state = fast.init_cache(3, max_decode_length)
+    for t in range(target.shape[1]):
+        ids, step = tf.constant(target[:, t]), tf.constant(t)
+        logits, state = model.decode_step(ids, step, state, memory, growing=growing)
+        fast_logits, fast_state = fast.step(weights, ids, step, fast_state, fast_memory,
+                                            growing=growing)
+        assert fast_logits.dtype == tf.float32
+        np.testing.assert_allclose(fast_logits, logits, atol=1e-5, rtol=1e-5)
+        for cache, fast_cache in zip(state, fast_state):
+            np.testing.assert_allclose(fast_cache["key"], cache["key"], atol=1e-5)
+            np.testing.assert_allclose(fast_cache["value"], cache["value"], atol=1e-5)
+
+
+def test_inference_step_under_mixed_bfloat16():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        from keras_transformer.inference import DecoderStep
+
+        model = Transformer(tiny(norm="pre"))
+        source, target = random_batch(seed=6)
+        model((source, target))
+        context, mask = model.encode(source)
+        memory = model.precompute_context(context, mask)
+        state = model.init_cache(3)
+        fast = DecoderStep(model)
+        weights = fast.read_weights()
+        fast_memory, fast_state = fast.precompute(weights, context, mask), fast.init_cache(3)
+        for t in range(3):
+            ids, step = tf.constant(target[:, t]), tf.constant(t)
+            logits, state = model.decode_step(ids, step, state, memory, growing=True)
+            fast_logits, fast_state = fast.step(weights, ids, step, fast_state, fast_memory)
+            assert fast_logits.dtype == tf.float32
+            np.testing.assert_allclose(fast_logits, logits, atol=0.1)  # bfloat16 rounding
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+
 def test_mixed_bfloat16_keeps_float32_logits():
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:

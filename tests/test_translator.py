@@ -84,6 +84,50 @@ def test_cached_greedy_equals_uncached_greedy(translator, seed):
     assert (expected == END_ID).any(), "the random model never ends: the test lost its edge"
 
 
+def random_model_like_the_fixture(tokenizer, norm, share):
+    """The `random_translation_model` fixture's recipe (seeded Glorot weights, sharper output
+    distributions) for any LayerNorm placement and weight sharing."""
+    from keras_transformer.config import ModelConfig
+    from keras_transformer.model import Transformer
+
+    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, dff=64, dropout=0.1, norm=norm,
+                         share_embeddings=share, source_vocab_size=tokenizer.vocab_size,
+                         target_vocab_size=tokenizer.vocab_size, max_positions=24)
+    model = Transformer(config)
+    model.build()
+    rng = np.random.default_rng(11)
+    weights = []
+    for w in model.get_weights():
+        if w.ndim >= 2:
+            limit = np.sqrt(6.0 / (w.shape[0] + np.prod(w.shape[1:])))
+            sharper = tokenizer.vocab_size in (w.shape[0], w.shape[-1])  # the output layer
+            w = rng.uniform(-limit, limit, w.shape) * (4.0 if sharper else 1.0)
+        weights.append(w.astype(np.float32))
+    model.set_weights(weights)
+    return model
+
+
+@pytest.mark.parametrize("share", ["none", "target", "all"])
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_fast_step_gives_the_keras_step_outputs(random_translation_model, norm, share):
+    """The searches over `inference.DecoderStep` give the ids of the same searches over the
+    Keras layers' `Transformer.decode_step` (the reference), and scores to float rounding."""
+    fixture_model, tokenizer = random_translation_model
+    model = fixture_model if (norm, share) == ("post", "none") else (
+        random_model_like_the_fixture(tokenizer, norm, share))
+    config = DecodeConfig(beam_size=3, alpha=0.6, max_extra_length=8)
+    fast = Translator(model, tokenizer, tokenizer, config)
+    reference = Translator(model, tokenizer, tokenizer, config)
+    reference._fast_step = False
+    inputs = fast._encode_inputs(tf.constant(SENTENCES + BAD_INPUTS[:2]))
+    for search in ("_greedy_ids", "_beam_ids"):
+        extra = (3,) if search == "_beam_ids" else ()
+        ids, scores = getattr(fast, search)(*inputs, *extra)
+        expected_ids, expected_scores = getattr(reference, search)(*inputs, *extra)
+        np.testing.assert_array_equal(ids, expected_ids)
+        np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-5)
+
+
 def test_beam_size_one_equals_greedy(random_translation_model):
     model, tokenizer = random_translation_model
     one = Translator(model, tokenizer, tokenizer, DecodeConfig(beam_size=1, alpha=0.0,

@@ -1,0 +1,241 @@
+"""The decoder's inference step over the trained weights' tensors, for the searches' loop.
+
+`Transformer.decode_step` runs one decoding step through the Keras layers: every sublayer call
+goes through Keras' `__call__` machinery and its einsums, transposes and casts, which inside a
+`tf.while_loop` become graph nodes executed at every step. For the small models this package
+trains, decoding is bound by that per-op overhead rather than by arithmetic. `DecoderStep` does
+the same arithmetic with the fewest TensorFlow ops: it reads the weights of the model's own
+layers (the one source of truth, read once per batch) and
+
+- projects self-attention queries, keys and values with one fused `[d_model, 3 d_model]` matmul
+  (query part pre-scaled by 1/sqrt(head_dim)), as CTranslate2 and fairseq do;
+- keeps head-major caches `[batch, heads, length, head_dim]` and reshapes, never transposes, the
+  one new position (`[batch, d_model]` is `[batch, heads, 1, head_dim]` in memory);
+- projects the encoder output's cross-attention keys/values once per batch (fused k|v);
+- computes LayerNorm as Keras does (mean and variance, then one scale and one offset).
+
+`Transformer.decode_step` stays the reference: tests check that both give the same logits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from keras_transformer.layers.residual import LAYER_NORM_EPSILON
+from keras_transformer.model import Transformer
+
+# What keras.ops.dot_product_attention fills masked float32 logits with (as layers.attention).
+_LARGE_NEGATIVE = -0.7 * 3.38953e38
+
+
+class DecoderStep:
+    """One cached decoding step of a `Transformer` without its Keras layers.
+
+    Usage, inside one `tf.function` per batch:
+
+        fast = DecoderStep(model)
+        weights = fast.read_weights()                    # tensors, read once per batch
+        memory = fast.precompute(weights, context, source_mask)
+        cache = fast.init_cache(batch_size)              # growing caches
+        logits, cache = fast.step(weights, ids, step, cache, memory)
+
+    The state and memory are nested structures whose tensors have the batch as leading
+    dimension (beam search tiles and reorders them). Compared with `Transformer.decode_step`,
+    the logits agree to float32 rounding.
+    """
+
+    def __init__(self, model: Transformer):
+        self.model = model
+        config = model.config
+        self.num_layers = config.num_layers
+        self.d_model = config.d_model
+        self.num_heads = config.num_heads
+        self.head_dim = config.d_model // config.num_heads
+        self.pre_norm = config.norm == "pre"
+        self.dtype = tf.as_dtype(model.compute_dtype)
+
+    # ------------------------------------------------------------------ weights
+
+    def read_weights(self) -> dict:
+        """The decoder's weights as tensors in the step's layout (call inside the tf.function,
+        once per batch, so that the loop body reads no variable)."""
+        model, d = self.model, self.d_model
+        scale = 1.0 / math.sqrt(float(self.head_dim))
+
+        def value(variable, dtype=None):
+            tensor = tf.convert_to_tensor(variable.value)
+            return tf.cast(tensor, dtype or self.dtype) if tensor.dtype != (
+                dtype or self.dtype) else tensor
+
+        def norm(layer):
+            return {"gamma": value(layer.gamma, tf.float32), "beta": value(layer.beta, tf.float32)}
+
+        layers = []
+        for layer in model.decoder.stack:
+            self_mha = layer.causal_self_attention.mha
+            cross_mha = layer.cross_attention.mha
+            qkv_kernel = tf.concat([
+                tf.reshape(value(self_mha.query_dense.kernel), [d, d]) * scale,
+                tf.reshape(value(self_mha.key_dense.kernel), [d, d]),
+                tf.reshape(value(self_mha.value_dense.kernel), [d, d])], axis=1)  # [d, 3d]
+            qkv_bias = tf.concat([
+                tf.reshape(value(self_mha.query_dense.bias), [d]) * scale,
+                tf.reshape(value(self_mha.key_dense.bias), [d]),
+                tf.reshape(value(self_mha.value_dense.bias), [d])], axis=0)  # [3d]
+            layers.append({
+                "self_norm": norm(layer.causal_self_attention.layernorm),
+                "qkv_kernel": qkv_kernel,
+                "qkv_bias": qkv_bias,
+                "self_out_kernel": tf.reshape(value(self_mha.output_dense.kernel), [d, d]),
+                "self_out_bias": value(self_mha.output_dense.bias),
+                "cross_norm": norm(layer.cross_attention.layernorm),
+                "cross_q_kernel": tf.reshape(value(cross_mha.query_dense.kernel), [d, d]) * scale,
+                "cross_q_bias": tf.reshape(value(cross_mha.query_dense.bias), [d]) * scale,
+                "cross_kv_kernel": tf.concat([
+                    tf.reshape(value(cross_mha.key_dense.kernel), [d, d]),
+                    tf.reshape(value(cross_mha.value_dense.kernel), [d, d])], axis=1),  # [d, 2d]
+                "cross_kv_bias": tf.concat([
+                    tf.reshape(value(cross_mha.key_dense.bias), [d]),
+                    tf.reshape(value(cross_mha.value_dense.bias), [d])], axis=0),  # [2d]
+                "cross_out_kernel": tf.reshape(value(cross_mha.output_dense.kernel), [d, d]),
+                "cross_out_bias": value(cross_mha.output_dense.bias),
+                "ffn_norm": norm(layer.ffn.layernorm),
+                "inner_kernel": value(layer.ffn.inner.kernel),
+                "inner_bias": value(layer.ffn.inner.bias),
+                "outer_kernel": value(layer.ffn.outer.kernel),
+                "outer_bias": value(layer.ffn.outer.bias),
+            })
+        embedding = model.target_embedding
+        weights = {
+            "embeddings": tf.convert_to_tensor(embedding.token_embedding.embeddings.value),
+            "positions": tf.constant(embedding.positions),  # [max_positions, d], float32
+            "layers": layers,
+        }
+        if model.decoder.final_layernorm is not None:
+            weights["final_norm"] = norm(model.decoder.final_layernorm)
+        if model.final_layer is not None:
+            weights["logits_kernel"] = value(model.final_layer.kernel)  # [d, vocab]
+            weights["logits_bias"] = value(model.final_layer.bias)
+        else:  # the shared embedding matrix, read transposed by the matmul
+            weights["logits_embeddings"] = value(embedding.token_embedding.embeddings)
+        return weights
+
+    # ------------------------------------------------------------------ per batch
+
+    def precompute(self, weights: dict, context, source_mask) -> dict:
+        """The cross-attention keys/values of the encoder output and the source mask:
+        `{"mask": bool [batch, 1, 1, source_len], "layers": [{"key", "value"}
+        [batch, heads, source_len, head_dim]]}`."""
+        batch, length = tf.shape(context)[0], tf.shape(context)[1]
+        flat = tf.reshape(tf.cast(context, self.dtype), [-1, self.d_model])  # [batch * len, d]
+        layers = []
+        for layer in weights["layers"]:
+            kv = tf.nn.bias_add(tf.matmul(flat, layer["cross_kv_kernel"]), layer["cross_kv_bias"])
+            kv = tf.reshape(kv, [batch, length, 2, self.num_heads, self.head_dim])
+            kv = tf.transpose(kv, [2, 0, 3, 1, 4])  # [2, batch, heads, len, head_dim]
+            layers.append({"key": kv[0], "value": kv[1]})
+        return {"mask": source_mask[:, None, None, :], "layers": layers}
+
+    def init_cache(self, batch_size, max_decode_length=None) -> list:
+        """Per layer, self-attention `{"key", "value"}` caches of zeros, head-major
+        `[batch, heads, length, head_dim]`: length 0 (growing, the default) or
+        `max_decode_length` (fixed, for XLA; see `step`)."""
+        length = 0 if max_decode_length is None else max_decode_length
+        shape = [batch_size, self.num_heads, length, self.head_dim]
+        zeros = tf.zeros(shape, self.dtype)
+        return [{"key": zeros, "value": zeros} for _ in range(self.num_layers)]
+
+    # ------------------------------------------------------------------ per step
+
+    def step(self, weights: dict, ids, step, cache: list, memory: dict, growing: bool = True):
+        """Decodes position `step`.
+
+        Args:
+            weights: from `read_weights`.
+            ids: int32 `[batch]`, the tokens at position `step`.
+            step: int32 scalar.
+            cache: from `init_cache` or the previous step; growing caches hold the positions
+                `< step` and are appended to, fixed ones are written at `step`.
+            memory: from `precompute` (tiled to the beams for beam search).
+
+        Returns:
+            `(logits float32 [batch, vocab], cache)`.
+        """
+        d, heads, head_dim = self.d_model, self.num_heads, self.head_dim
+        x = tf.gather(weights["embeddings"], ids)  # [batch, d]
+        if x.dtype != self.dtype:
+            x = tf.cast(x, self.dtype)
+        x = x * tf.cast(math.sqrt(d), self.dtype)
+        position = weights["positions"][step]
+        x = x + (position if self.dtype == tf.float32 else tf.cast(position, self.dtype))
+        if not growing:
+            max_len = tf.shape(cache[0]["key"])[2]
+            self_mask = (tf.range(max_len) <= step)[None, None, None, :]  # [1, 1, 1, max_len]
+            write = tf.cast(tf.equal(tf.range(max_len), step), self.dtype)[None, None, :, None]
+        head_shape = [-1, heads, 1, head_dim]
+        new_cache = []
+        for layer, layer_cache, layer_memory in zip(weights["layers"], cache, memory["layers"]):
+            # Masked self-attention over the cache and the new position.
+            h = self._norm(x, layer["self_norm"]) if self.pre_norm else x
+            qkv = tf.nn.bias_add(tf.matmul(h, layer["qkv_kernel"]), layer["qkv_bias"])
+            q, k, v = tf.split(qkv, 3, axis=1)  # [batch, d] each
+            q, k, v = (tf.reshape(t, head_shape) for t in (q, k, v))  # [batch, heads, 1, dim]
+            if growing:
+                key = tf.concat([layer_cache["key"], k], axis=2)
+                value = tf.concat([layer_cache["value"], v], axis=2)
+                y = self._attend(q, key, value, None)
+            else:
+                key = layer_cache["key"] * (1 - write) + k * write
+                value = layer_cache["value"] * (1 - write) + v * write
+                y = self._attend(q, key, value, self_mask)
+            new_cache.append({"key": key, "value": value})
+            y = tf.nn.bias_add(tf.matmul(y, layer["self_out_kernel"]), layer["self_out_bias"])
+            x = x + y if self.pre_norm else self._norm(x + y, layer["self_norm"])
+            # Cross-attention over the precomputed encoder keys/values.
+            h = self._norm(x, layer["cross_norm"]) if self.pre_norm else x
+            q = tf.nn.bias_add(tf.matmul(h, layer["cross_q_kernel"]), layer["cross_q_bias"])
+            y = self._attend(tf.reshape(q, head_shape), layer_memory["key"],
+                             layer_memory["value"], memory["mask"])
+            y = tf.nn.bias_add(tf.matmul(y, layer["cross_out_kernel"]), layer["cross_out_bias"])
+            x = x + y if self.pre_norm else self._norm(x + y, layer["cross_norm"])
+            # Feed-forward.
+            h = self._norm(x, layer["ffn_norm"]) if self.pre_norm else x
+            h = tf.nn.relu(tf.nn.bias_add(tf.matmul(h, layer["inner_kernel"]),
+                                          layer["inner_bias"]))
+            y = tf.nn.bias_add(tf.matmul(h, layer["outer_kernel"]), layer["outer_bias"])
+            x = x + y if self.pre_norm else self._norm(x + y, layer["ffn_norm"])
+        if "final_norm" in weights:
+            x = self._norm(x, weights["final_norm"])
+        if "logits_kernel" in weights:
+            logits = tf.nn.bias_add(tf.matmul(x, weights["logits_kernel"]), weights["logits_bias"])
+        else:
+            logits = tf.matmul(x, weights["logits_embeddings"], transpose_b=True)
+        if logits.dtype != tf.float32:
+            logits = tf.cast(logits, tf.float32)
+        return logits, new_cache
+
+    def _attend(self, q, key, value, mask):
+        """`q` `[batch, heads, 1, dim]` (pre-scaled) over `key`/`value` `[batch, heads, len,
+        dim]`; `mask` bool broadcastable to `[batch, heads, 1, len]` or None.
+        Returns `[batch, d_model]`."""
+        logits = tf.matmul(q, key, transpose_b=True)  # [batch, heads, 1, len]
+        if logits.dtype != tf.float32:
+            logits = tf.cast(logits, tf.float32)
+        if mask is not None:
+            logits = tf.where(mask, logits, _LARGE_NEGATIVE)
+        probs = tf.nn.softmax(logits)
+        if probs.dtype != value.dtype:
+            probs = tf.cast(probs, value.dtype)
+        return tf.reshape(tf.matmul(probs, value), [-1, self.d_model])
+
+    def _norm(self, x, norm):
+        """LayerNormalization as Keras computes it (float32 statistics)."""
+        dtype = x.dtype
+        if dtype != tf.float32:
+            x = tf.cast(x, tf.float32)
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+        inv = tf.math.rsqrt(variance + LAYER_NORM_EPSILON) * norm["gamma"]
+        y = x * inv + (norm["beta"] - mean * inv)
+        return y if dtype == tf.float32 else tf.cast(y, dtype)
