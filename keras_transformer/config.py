@@ -225,9 +225,14 @@ class DecodeConfig:
     beam_size: int = 4
     alpha: float = 0.6  # GNMT length penalty ((5 + len) / 6) ** alpha; 0 disables it
     max_extra_length: int = 50  # output may be at most source length + this (capped by the model)
+    # When beam search stops a sentence: "exact" (no alive hypothesis can beat the worst of
+    # `beam_size` finished ones) or "beam_full" (once `beam_size` hypotheses have finished, as
+    # fairseq and CTranslate2 do); see keras_transformer.decoding.beam_search.
+    stopping: str = "exact"
 
     def __post_init__(self):
         _check_positive("decode.beam_size", self.beam_size)
+        _check_choice("decode.stopping", self.stopping, ("exact", "beam_full"))
         if not self.alpha >= 0:
             raise ConfigError(f"decode.alpha={self.alpha!r} must be >= 0")
         _check_positive("decode.max_extra_length", self.max_extra_length)

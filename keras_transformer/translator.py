@@ -226,7 +226,7 @@ class Translator(tf.Module):
         return decoding.beam_search(
             step_function, cache, batch_size=batch_size,
             beam_size=beam_size, max_decode_length=max_decode_length,
-            alpha=self.decode_config.alpha,
+            alpha=self.decode_config.alpha, stopping=self.decode_config.stopping,
             start_id=START_ID, end_id=END_ID, length_caps=length_caps,
             num_hypotheses=num_hypotheses, state_shape_invariants=invariants, context=memory,
             compact=self._compact)
@@ -247,7 +247,7 @@ class Translator(tf.Module):
     @property
     def stopping_rule(self) -> str:
         """How beam search decides a sentence is done (recorded in an export's provenance)."""
-        return decoding.STOPPING_RULE
+        return decoding.STOPPING_RULES[self.decode_config.stopping]
 
     @property
     def _growing_caches(self) -> bool:
@@ -328,7 +328,7 @@ def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
     decode_config = DecodeConfig(
         beam_size=config.decode.beam_size if beam_size is None else beam_size,
         alpha=config.decode.alpha if alpha is None else alpha,
-        max_extra_length=config.decode.max_extra_length)
+        max_extra_length=config.decode.max_extra_length, stopping=config.decode.stopping)
     source_tokenizer, target_tokenizer = run.tokenizers()
     model = run.load_model(weights)
     return Translator(model, source_tokenizer, target_tokenizer, decode_config,

@@ -242,6 +242,14 @@ def test_every_numeric_setting_has_its_range_checked(cls, kwargs, message):
         cls(**kwargs)
 
 
+def test_decode_stopping_rule_is_checked():
+    assert DecodeConfig().stopping == "exact"
+    assert DecodeConfig(stopping="beam_full").stopping == "beam_full"
+    with pytest.raises(ConfigError, match="decode.stopping='never' is not one of 'exact', "
+                                          "'beam_full'"):
+        DecodeConfig(stopping="never")
+
+
 def test_the_range_limits_themselves_are_accepted():
     TrainConfig(adam_beta_1=0.0, adam_beta_2=0.0, validation_bleu_sentences=0, seed=0,
                 early_stopping_patience=None, label_smoothing=0.0)

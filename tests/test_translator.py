@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_transformer import decoding
 from keras_transformer.config import DecodeConfig
 from keras_transformer.decoding import NEG_INF, PAD_ID
 from keras_transformer.tokenizers import END_ID, START_ID
@@ -126,6 +127,23 @@ def test_fast_step_gives_the_keras_step_outputs(random_translation_model, norm, 
         expected_ids, expected_scores = getattr(reference, search)(*inputs, *extra)
         np.testing.assert_array_equal(ids, expected_ids)
         np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-5)
+
+
+def test_stopping_rule_follows_the_config(random_translation_model):
+    """decode.stopping reaches the search (beam_full stops no later than exact, and the outputs
+    of both are model hypotheses) and the rule's description the export records."""
+    model, tokenizer = random_translation_model
+    searches = {}
+    for stopping in ("exact", "beam_full"):
+        config = DecodeConfig(beam_size=3, alpha=2.0, max_extra_length=8, stopping=stopping)
+        searches[stopping] = Translator(model, tokenizer, tokenizer, config)
+        assert searches[stopping].stopping_rule == decoding.STOPPING_RULES[stopping]
+    inputs = searches["exact"]._encode_inputs(tf.constant(SENTENCES))
+    exact_ids, exact_scores = searches["exact"]._beam_ids(*inputs, 3)
+    full_ids, full_scores = searches["beam_full"]._beam_ids(*inputs, 3)
+    # The exact rule returns the best of everything beam_full finished and more.
+    assert np.all(exact_scores.numpy()[:, 0] >= full_scores.numpy()[:, 0] - 1e-5)
+    assert not np.array_equal(exact_ids, full_ids), "the rules agree here: the test lost its edge"
 
 
 def test_beam_size_one_equals_greedy(random_translation_model):
