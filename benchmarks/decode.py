@@ -56,6 +56,9 @@ def parse_args(argv=None):
                         help=f"comma-separated subset of {','.join(VARIANTS)}")
     parser.add_argument("--searches", default=",".join(SEARCHES))
     parser.add_argument("--cores", default="1,2")
+    parser.add_argument("--stopping", choices=("exact", "beam_full"), default=None,
+                        help="the SavedModel's beam stopping rule (default: the run's "
+                             "decode.stopping)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per row")
     parser.add_argument("--output", help="also write the rows as JSON to this file")
     args = parser.parse_args(argv)
@@ -149,7 +152,7 @@ def export_variants(args, translator, root: Path, alphas: list[float]) -> dict:
 
     paths = {}
     for alpha in alphas:
-        decode_config = _with_alpha(translator.decode_config, alpha)
+        decode_config = _with_alpha(translator.decode_config, alpha, args.stopping)
         for variant in args.variants:
             path = root / f"{variant}_{alpha}"
             if variant.startswith("savedmodel"):
@@ -167,10 +170,11 @@ def export_variants(args, translator, root: Path, alphas: list[float]) -> dict:
     return paths
 
 
-def _with_alpha(decode_config, alpha):
+def _with_alpha(decode_config, alpha, stopping=None):
     import dataclasses
 
-    return dataclasses.replace(decode_config, alpha=alpha)
+    return dataclasses.replace(decode_config, alpha=alpha,
+                               stopping=stopping or decode_config.stopping)
 
 
 # ----------------------------------------------------------------------------- the table
@@ -260,7 +264,7 @@ def main(argv=None) -> int:
                 if line.startswith("Model name")), "unknown CPU")
     print(f"run {args.run} ({args.weights} weights); {len(sentences)} sentences of "
           f"test_2016_flickr.{config.data.source_lang}; batch {args.batch_size}; beam "
-          f"{args.beam}; alphas {alphas}; median of {args.repeats} passes after a warm-up; "
+          f"{args.beam}; alphas {alphas}; stopping {args.stopping or config.decode.stopping}; median of {args.repeats} passes after a warm-up; "
           f"{cpu}; load average {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="decode_bench_") as root:
         paths = export_variants(args, translator, Path(root), alphas)

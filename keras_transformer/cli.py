@@ -31,7 +31,7 @@ import sys
 import warnings
 
 from keras_transformer import __version__
-from keras_transformer.config import ConfigError
+from keras_transformer.config import STOPPING_CHOICES, ConfigError
 from keras_transformer.text_io import DataError
 
 # Errors that are the user's to fix: printed as one line, exit code 2. OSError holds
@@ -299,13 +299,14 @@ def _tune_search(args) -> int:
     sources, references = _read_aligned(args.source, args.reference, args.command)
     translator = translator_from_run(args.run_dir, weights=args.weights)
     tuned = tune_search(translator, sources, references, args.beam, args.alpha,
-                        batch_size=args.batch_size, workers=args.workers)
+                        batch_size=args.batch_size, workers=args.workers,
+                        stoppings=args.stopping)
     for row in tuned["results"]:
-        print(f"beam {row['beam_size']} alpha {row['alpha']:g}: BLEU {row['bleu']:.2f} "
-              f"chrF {row['chrf']:.2f}", flush=True)
+        print(f"beam {row['beam_size']} alpha {row['alpha']:g} stopping {row['stopping']}: "
+              f"BLEU {row['bleu']:.2f} chrF {row['chrf']:.2f}", flush=True)
     best = tuned["best"]
-    print(f"best: --beam {best['beam_size']} --alpha {best['alpha']:g} (BLEU {best['bleu']:.2f}, "
-          f"{tuned['bleu_signature']})")
+    print(f"best: --beam {best['beam_size']} --alpha {best['alpha']:g} --stopping "
+          f"{best['stopping']} (BLEU {best['bleu']:.2f}, {tuned['bleu_signature']})")
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             json.dump(tuned, f, indent=1)
@@ -314,6 +315,15 @@ def _tune_search(args) -> int:
 
 def _positive_ints(text: str) -> list[int]:
     return [_positive_int(part) for part in text.split(",")]
+
+
+def _stopping_rules(text: str) -> list[str]:
+    rules = [part.strip() for part in text.split(",")]
+    for rule in rules:
+        if rule not in STOPPING_CHOICES:
+            raise argparse.ArgumentTypeError(f"{rule!r} is not a stopping rule: use "
+                                             f"{' or '.join(STOPPING_CHOICES)}")
+    return rules
 
 
 def _alphas(text: str) -> list[float]:
@@ -465,6 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="beam sizes to try (default: 4)")
     tune.add_argument("--alpha", type=_alphas, default=[0.6], metavar="A[,A...]",
                       help="length penalties to try (default: 0.6)")
+    tune.add_argument("--stopping", type=_stopping_rules, default=None, metavar="RULE[,RULE...]",
+                      help="beam stopping rules to try: exact, beam_full (default: the run's "
+                           "decode.stopping)")
     tune.add_argument("--batch-size", type=_positive_int, default=64,
                       help="sentences per batch (default: 64)")
     tune.add_argument("--workers", type=_positive_int, default=1,

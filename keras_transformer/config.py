@@ -218,6 +218,10 @@ class TrainConfig:
                       ("float32", "mixed_bfloat16", "mixed_float16", "auto"))
 
 
+# decode.stopping's values; keras_transformer.decoding.STOPPING_RULES says what each does.
+STOPPING_CHOICES = ("exact", "beam_full")
+
+
 @dataclasses.dataclass
 class DecodeConfig:
     """Search used for translation (section 6.1: beam 4, length penalty alpha 0.6)."""
@@ -232,7 +236,7 @@ class DecodeConfig:
 
     def __post_init__(self):
         _check_positive("decode.beam_size", self.beam_size)
-        _check_choice("decode.stopping", self.stopping, ("exact", "beam_full"))
+        _check_choice("decode.stopping", self.stopping, STOPPING_CHOICES)
         if not self.alpha >= 0:
             raise ConfigError(f"decode.alpha={self.alpha!r} must be >= 0")
         _check_positive("decode.max_extra_length", self.max_extra_length)

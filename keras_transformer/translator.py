@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import itertools
 import os
 from typing import Callable, Sequence
 
@@ -367,38 +368,43 @@ def translate_texts(translate: TranslateFn, sentences: Sequence[str], *,
 
 def tune_search(translator, sources: Sequence[str], references: Sequence[str],
                 beam_sizes: Sequence[int], alphas: Sequence[float], *, batch_size: int = 64,
-                workers: int = 1) -> dict:
-    """Cased sacreBLEU of beam search for every beam size and length penalty, on held-out pairs.
+                workers: int = 1, stoppings: Sequence[str] | None = None) -> dict:
+    """Cased sacreBLEU of beam search for every beam size, length penalty and stopping rule,
+    on held-out pairs.
 
     The paper chose its beam size and alpha on the development set (section 6.1); run this on
     the validation split, never on a test set. The grid shares `translator`'s model and
-    tokenizers.
+    tokenizers. Comparing the stopping rules at the exported beam and alpha shows what the
+    faster "beam_full" rule costs in BLEU (see `decoding.beam_search`).
 
     Args:
         translator: a `Translator` (e.g. `translator_from_run`).
         sources, references: line-aligned held-out sentences.
-        beam_sizes, alphas: the grid; every pair is decoded once.
+        beam_sizes, alphas: the grid; every setting is decoded once.
+        stoppings: `decode.stopping` rules to try (default: the translator's).
 
     Returns:
-        {"results": [{"beam_size", "alpha", "bleu", "chrf"}, ...] in grid order,
-         "best": the result with the highest BLEU (the first of equals), "bleu_signature"}.
+        {"results": [{"beam_size", "alpha", "stopping", "bleu", "chrf"}, ...] in
+         grid order (beam, then alpha, then rule), "best": the result with the highest BLEU
+         (the first of equals), "bleu_signature"}.
     """
     if len(sources) != len(references):
         raise ValueError(f"{len(sources)} sources for {len(references)} references")
     if not beam_sizes or not alphas:
         raise ValueError("an empty grid: give at least one beam size and one alpha")
+    stoppings = stoppings or [translator.decode_config.stopping]
     results, signature = [], None
-    for beam_size in beam_sizes:
-        for alpha in alphas:
-            decode_config = dataclasses.replace(translator.decode_config, beam_size=beam_size,
-                                                alpha=alpha)
-            candidate = Translator(translator.model, translator.source_tokenizer,
-                                   translator.target_tokenizer, decode_config)
-            hypotheses = translate_texts(candidate.translate_beam, sources,
-                                         batch_size=batch_size, workers=workers)
-            scores = score(hypotheses, references)
-            signature = scores["bleu_signature"]
-            results.append({"beam_size": beam_size, "alpha": alpha, "bleu": scores["bleu"],
-                            "chrf": scores["chrf"]})
+    for beam_size, alpha, stopping in itertools.product(beam_sizes, alphas, stoppings):
+        decode_config = dataclasses.replace(translator.decode_config, beam_size=beam_size,
+                                            alpha=alpha, stopping=stopping)
+        candidate = Translator(translator.model, translator.source_tokenizer,
+                               translator.target_tokenizer, decode_config,
+                               max_source_length=translator.max_source_length)
+        hypotheses = translate_texts(candidate.translate_beam, sources,
+                                     batch_size=batch_size, workers=workers)
+        scores = score(hypotheses, references)
+        signature = scores["bleu_signature"]
+        results.append({"beam_size": beam_size, "alpha": alpha, "stopping": stopping,
+                        "bleu": scores["bleu"], "chrf": scores["chrf"]})
     return {"results": results, "best": max(results, key=lambda row: row["bleu"]),
             "bleu_signature": signature}

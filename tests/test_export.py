@@ -2,6 +2,7 @@
 op set TF Serving can run, REST row-format mapping, warmup file, no optimizer state; the CLI."""
 
 import base64
+import dataclasses
 import io
 import json
 import subprocess
@@ -404,6 +405,41 @@ def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
         cli.main(["tune-search", "--run", str(random_run), "--source", str(source),
                   "--reference", str(reference), "--alpha", "0.6,-1"])
     assert "every alpha must be >= 0" in err.getvalue()
+    with pytest.raises(SystemExit), redirect_stderr(io.StringIO()) as err:
+        cli.main(["tune-search", "--run", str(random_run), "--source", str(source),
+                  "--reference", str(reference), "--stopping", "exact,early"])
+    assert "'early' is not a stopping rule: use exact or beam_full" in err.getvalue()
+
+
+def test_cli_tune_search_compares_stopping_rules(varied_run_dir, tmp_path):
+    """`--stopping exact,beam_full` decodes each setting with each rule: a row per rule, scored
+    on that rule's own outputs."""
+    import json
+
+    from keras_transformer.evaluation import score
+    from keras_transformer.translator import Translator, translate_texts, translator_from_run
+
+    sources = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt Fahrrad.", "Eine Frau singt."]
+    base = translator_from_run(varied_run_dir, beam_size=3, alpha=1.5)
+    outputs = {}
+    for rule in ("exact", "beam_full"):
+        translator = Translator(base.model, base.source_tokenizer, base.target_tokenizer,
+                                dataclasses.replace(base.decode_config, stopping=rule),
+                                max_source_length=base.max_source_length)
+        outputs[rule] = translate_texts(translator.translate_beam, sources)
+    references = outputs["beam_full"]
+    source, reference, output = tmp_path / "src", tmp_path / "ref", tmp_path / "search.json"
+    source.write_text("\n".join(sources) + "\n")
+    reference.write_text("\n".join(references) + "\n")
+    code, out, err = run_cli(["tune-search", "--run", str(varied_run_dir), "--source", str(source),
+                              "--reference", str(reference), "--beam", "3", "--alpha", "1.5",
+                              "--stopping", "exact,beam_full", "--output", str(output)])
+    assert code == 0, err
+    rows = json.loads(output.read_text())["results"]
+    assert [row["stopping"] for row in rows] == ["exact", "beam_full"]
+    for row in rows:
+        assert row["bleu"] == score(outputs[row["stopping"]], references)["bleu"]
+    assert "beam 3 alpha 1.5 stopping beam_full: BLEU 100.00" in out
 
 
 # Last in this file: training seeds TensorFlow (`keras.utils.set_random_seed`), which destroys the
@@ -412,7 +448,6 @@ def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
 def wordpiece_run(wordpiece_vocab, tmp_path_factory):
     """A tiny run trained for two steps with case-preserving WordPiece vocabularies, one per
     language (so only the decoder's embedding is tied to the output projection)."""
-    import dataclasses
 
     from keras_transformer import training
     from keras_transformer.config import ModelConfig, TrainConfig
