@@ -14,17 +14,23 @@ layers (the one source of truth, read once per batch) and
 - projects the encoder output's cross-attention keys/values once per batch (fused k|v);
 - computes LayerNorm as Keras does (mean and variance, then one scale and one offset).
 
-`Transformer.decode_step` stays the reference: tests check that both give the same logits.
+`EncoderPass` does the same for the encoder (one fused q|k|v matmul per layer over the
+`[batch * source_len, d_model]` rows instead of Keras' three einsums and their transposes).
+
+`Transformer.decode_step` and `Transformer.encode` stay the references: tests check that both
+paths give the same logits and encoder outputs.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import tensorflow as tf
 
 from keras_transformer.layers.residual import LAYER_NORM_EPSILON
 from keras_transformer.model import Transformer
+from keras_transformer.tokenizers import PAD_ID
 
 # What keras.ops.dot_product_attention fills masked float32 logits with (as layers.attention).
 _LARGE_NEGATIVE = -0.7 * 3.38953e38
@@ -63,31 +69,16 @@ class DecoderStep:
         once per batch, so that the loop body reads no variable)."""
         model, d = self.model, self.d_model
         scale = 1.0 / math.sqrt(float(self.head_dim))
-
-        def value(variable, dtype=None):
-            tensor = tf.convert_to_tensor(variable.value)
-            return tf.cast(tensor, dtype or self.dtype) if tensor.dtype != (
-                dtype or self.dtype) else tensor
-
-        def norm(layer):
-            return {"gamma": value(layer.gamma, tf.float32), "beta": value(layer.beta, tf.float32)}
+        value = functools.partial(_value, dtype=self.dtype)
+        norm = _norm_weights
 
         layers = []
         for layer in model.decoder.stack:
             self_mha = layer.causal_self_attention.mha
             cross_mha = layer.cross_attention.mha
-            qkv_kernel = tf.concat([
-                tf.reshape(value(self_mha.query_dense.kernel), [d, d]) * scale,
-                tf.reshape(value(self_mha.key_dense.kernel), [d, d]),
-                tf.reshape(value(self_mha.value_dense.kernel), [d, d])], axis=1)  # [d, 3d]
-            qkv_bias = tf.concat([
-                tf.reshape(value(self_mha.query_dense.bias), [d]) * scale,
-                tf.reshape(value(self_mha.key_dense.bias), [d]),
-                tf.reshape(value(self_mha.value_dense.bias), [d])], axis=0)  # [3d]
             layers.append({
                 "self_norm": norm(layer.causal_self_attention.layernorm),
-                "qkv_kernel": qkv_kernel,
-                "qkv_bias": qkv_bias,
+                **_fused_qkv(self_mha, d, scale, self.dtype),
                 "self_out_kernel": tf.reshape(value(self_mha.output_dense.kernel), [d, d]),
                 "self_out_bias": value(self_mha.output_dense.bias),
                 "cross_norm": norm(layer.cross_attention.layernorm),
@@ -178,7 +169,7 @@ class DecoderStep:
         new_cache = []
         for layer, layer_cache, layer_memory in zip(weights["layers"], cache, memory["layers"]):
             # Masked self-attention over the cache and the new position.
-            h = self._norm(x, layer["self_norm"]) if self.pre_norm else x
+            h = _layer_norm(x, layer["self_norm"]) if self.pre_norm else x
             qkv = tf.nn.bias_add(tf.matmul(h, layer["qkv_kernel"]), layer["qkv_bias"])
             q, k, v = tf.split(qkv, 3, axis=1)  # [batch, d] each
             q, k, v = (tf.reshape(t, head_shape) for t in (q, k, v))  # [batch, heads, 1, dim]
@@ -192,22 +183,22 @@ class DecoderStep:
                 y = self._attend(q, key, value, self_mask)
             new_cache.append({"key": key, "value": value})
             y = tf.nn.bias_add(tf.matmul(y, layer["self_out_kernel"]), layer["self_out_bias"])
-            x = x + y if self.pre_norm else self._norm(x + y, layer["self_norm"])
+            x = x + y if self.pre_norm else _layer_norm(x + y, layer["self_norm"])
             # Cross-attention over the precomputed encoder keys/values.
-            h = self._norm(x, layer["cross_norm"]) if self.pre_norm else x
+            h = _layer_norm(x, layer["cross_norm"]) if self.pre_norm else x
             q = tf.nn.bias_add(tf.matmul(h, layer["cross_q_kernel"]), layer["cross_q_bias"])
             y = self._attend(tf.reshape(q, head_shape), layer_memory["key"],
                              layer_memory["value"], memory["mask"])
             y = tf.nn.bias_add(tf.matmul(y, layer["cross_out_kernel"]), layer["cross_out_bias"])
-            x = x + y if self.pre_norm else self._norm(x + y, layer["cross_norm"])
+            x = x + y if self.pre_norm else _layer_norm(x + y, layer["cross_norm"])
             # Feed-forward.
-            h = self._norm(x, layer["ffn_norm"]) if self.pre_norm else x
+            h = _layer_norm(x, layer["ffn_norm"]) if self.pre_norm else x
             h = tf.nn.relu(tf.nn.bias_add(tf.matmul(h, layer["inner_kernel"]),
                                           layer["inner_bias"]))
             y = tf.nn.bias_add(tf.matmul(h, layer["outer_kernel"]), layer["outer_bias"])
-            x = x + y if self.pre_norm else self._norm(x + y, layer["ffn_norm"])
+            x = x + y if self.pre_norm else _layer_norm(x + y, layer["ffn_norm"])
         if "final_norm" in weights:
-            x = self._norm(x, weights["final_norm"])
+            x = _layer_norm(x, weights["final_norm"])
         if "logits_kernel" in weights:
             logits = tf.nn.bias_add(tf.matmul(x, weights["logits_kernel"]), weights["logits_bias"])
         else:
@@ -220,22 +211,137 @@ class DecoderStep:
         """`q` `[batch, heads, 1, dim]` (pre-scaled) over `key`/`value` `[batch, heads, len,
         dim]`; `mask` bool broadcastable to `[batch, heads, 1, len]` or None.
         Returns `[batch, d_model]`."""
-        logits = tf.matmul(q, key, transpose_b=True)  # [batch, heads, 1, len]
-        if logits.dtype != tf.float32:
-            logits = tf.cast(logits, tf.float32)
-        if mask is not None:
-            logits = tf.where(mask, logits, _LARGE_NEGATIVE)
-        probs = tf.nn.softmax(logits)
-        if probs.dtype != value.dtype:
-            probs = tf.cast(probs, value.dtype)
-        return tf.reshape(tf.matmul(probs, value), [-1, self.d_model])
+        return tf.reshape(_attention(q, key, value, mask), [-1, self.d_model])
 
-    def _norm(self, x, norm):
-        """LayerNormalization as Keras computes it (float32 statistics)."""
-        dtype = x.dtype
-        if dtype != tf.float32:
-            x = tf.cast(x, tf.float32)
-        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
-        inv = tf.math.rsqrt(variance + LAYER_NORM_EPSILON) * norm["gamma"]
-        y = x * inv + (norm["beta"] - mean * inv)
-        return y if dtype == tf.float32 else tf.cast(y, dtype)
+
+class EncoderPass:
+    """The encoder of a `Transformer` without its Keras layers, for inference.
+
+    Usage, inside the `tf.function` that decodes the batch:
+
+        encoder = EncoderPass(model)
+        context, source_mask = encoder(encoder.read_weights(), source_ids)
+
+    Gives `Transformer.encode(source_ids, training=False)` to float32 rounding.
+    """
+
+    def __init__(self, model: Transformer):
+        self.model = model
+        config = model.config
+        self.d_model = config.d_model
+        self.num_heads = config.num_heads
+        self.head_dim = config.d_model // config.num_heads
+        self.pre_norm = config.norm == "pre"
+        self.dtype = tf.as_dtype(model.compute_dtype)
+
+    def read_weights(self) -> dict:
+        """The encoder's weights as tensors: per layer a fused, query-scaled q|k|v projection
+        `[d_model, 3 d_model]`, the output projection, the feed-forward and the norms."""
+        model, d = self.model, self.d_model
+        scale = 1.0 / math.sqrt(float(self.head_dim))
+        value = functools.partial(_value, dtype=self.dtype)
+        layers = []
+        for layer in model.encoder.stack:
+            mha = layer.self_attention.mha
+            layers.append({
+                "self_norm": _norm_weights(layer.self_attention.layernorm),
+                **_fused_qkv(mha, d, scale, self.dtype),
+                "self_out_kernel": tf.reshape(value(mha.output_dense.kernel), [d, d]),
+                "self_out_bias": value(mha.output_dense.bias),
+                "ffn_norm": _norm_weights(layer.ffn.layernorm),
+                "inner_kernel": value(layer.ffn.inner.kernel),
+                "inner_bias": value(layer.ffn.inner.bias),
+                "outer_kernel": value(layer.ffn.outer.kernel),
+                "outer_bias": value(layer.ffn.outer.bias),
+            })
+        embedding = model.source_embedding
+        weights = {
+            "embeddings": tf.convert_to_tensor(embedding.token_embedding.embeddings.value),
+            "positions": tf.constant(embedding.positions),  # [max_positions, d], float32
+            "layers": layers,
+        }
+        if model.encoder.final_layernorm is not None:
+            weights["final_norm"] = _norm_weights(model.encoder.final_layernorm)
+        return weights
+
+    def __call__(self, weights: dict, source_ids):
+        """Source ids int32 `[batch, source_len]` -> (context `[batch, source_len, d_model]`
+        in the compute dtype, source padding mask bool `[batch, source_len]`)."""
+        d, heads, head_dim = self.d_model, self.num_heads, self.head_dim
+        source_mask = tf.not_equal(source_ids, PAD_ID)
+        batch, length = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
+        x = tf.gather(weights["embeddings"], source_ids)  # [batch, len, d]
+        if x.dtype != self.dtype:
+            x = tf.cast(x, self.dtype)
+        x = x * tf.cast(math.sqrt(d), self.dtype)
+        positions = weights["positions"][:length]
+        x = x + (positions if self.dtype == tf.float32 else tf.cast(positions, self.dtype))
+        x = tf.reshape(x, [-1, d])  # [batch * len, d]
+        mask = source_mask[:, None, None, :]  # [batch, 1, 1, len]
+        for layer in weights["layers"]:
+            h = _layer_norm(x, layer["self_norm"]) if self.pre_norm else x
+            qkv = tf.nn.bias_add(tf.matmul(h, layer["qkv_kernel"]), layer["qkv_bias"])
+            qkv = tf.transpose(tf.reshape(qkv, [batch, length, 3, heads, head_dim]),
+                               [2, 0, 3, 1, 4])  # [3, batch, heads, len, head_dim]
+            y = _attention(qkv[0], qkv[1], qkv[2], mask)  # [batch, heads, len, head_dim]
+            y = tf.reshape(tf.transpose(y, [0, 2, 1, 3]), [-1, d])
+            y = tf.nn.bias_add(tf.matmul(y, layer["self_out_kernel"]), layer["self_out_bias"])
+            x = x + y if self.pre_norm else _layer_norm(x + y, layer["self_norm"])
+            h = _layer_norm(x, layer["ffn_norm"]) if self.pre_norm else x
+            h = tf.nn.relu(tf.nn.bias_add(tf.matmul(h, layer["inner_kernel"]),
+                                          layer["inner_bias"]))
+            y = tf.nn.bias_add(tf.matmul(h, layer["outer_kernel"]), layer["outer_bias"])
+            x = x + y if self.pre_norm else _layer_norm(x + y, layer["ffn_norm"])
+        if "final_norm" in weights:
+            x = _layer_norm(x, weights["final_norm"])
+        return tf.reshape(x, [batch, length, d]), source_mask
+
+
+def _value(variable, dtype):
+    """A variable's value as a tensor of `dtype`."""
+    tensor = tf.convert_to_tensor(variable.value)
+    return tensor if tensor.dtype == dtype else tf.cast(tensor, dtype)
+
+
+def _norm_weights(layer) -> dict:
+    return {"gamma": _value(layer.gamma, tf.float32), "beta": _value(layer.beta, tf.float32)}
+
+
+def _fused_qkv(mha, d: int, scale: float, dtype) -> dict:
+    """A self-attention layer's q|k|v projections as one `[d, 3d]` kernel and `[3d]` bias,
+    the query part scaled by 1/sqrt(head_dim)."""
+    value = functools.partial(_value, dtype=dtype)
+    return {
+        "qkv_kernel": tf.concat([tf.reshape(value(mha.query_dense.kernel), [d, d]) * scale,
+                                 tf.reshape(value(mha.key_dense.kernel), [d, d]),
+                                 tf.reshape(value(mha.value_dense.kernel), [d, d])], axis=1),
+        "qkv_bias": tf.concat([tf.reshape(value(mha.query_dense.bias), [d]) * scale,
+                               tf.reshape(value(mha.key_dense.bias), [d]),
+                               tf.reshape(value(mha.value_dense.bias), [d])], axis=0),
+    }
+
+
+def _attention(q, key, value, mask):
+    """Scaled dot-product attention of pre-scaled `q` `[batch, heads, q_len, dim]` over
+    `key`/`value` `[batch, heads, len, dim]`; `mask` bool broadcastable to `[batch, heads,
+    q_len, len]` or None. Returns `[batch, heads, q_len, dim]`."""
+    logits = tf.matmul(q, key, transpose_b=True)  # [batch, heads, q_len, len]
+    if logits.dtype != tf.float32:
+        logits = tf.cast(logits, tf.float32)
+    if mask is not None:
+        logits = tf.where(mask, logits, _LARGE_NEGATIVE)
+    probs = tf.nn.softmax(logits)
+    if probs.dtype != value.dtype:
+        probs = tf.cast(probs, value.dtype)
+    return tf.matmul(probs, value)
+
+
+def _layer_norm(x, norm):
+    """LayerNormalization as Keras computes it (float32 statistics)."""
+    dtype = x.dtype
+    if dtype != tf.float32:
+        x = tf.cast(x, tf.float32)
+    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+    inv = tf.math.rsqrt(variance + LAYER_NORM_EPSILON) * norm["gamma"]
+    y = x * inv + (norm["beta"] - mean * inv)
+    return y if dtype == tf.float32 else tf.cast(y, dtype)

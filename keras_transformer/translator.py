@@ -41,7 +41,7 @@ import tensorflow as tf
 from keras_transformer import decoding
 from keras_transformer.config import DecodeConfig
 from keras_transformer.evaluation import score
-from keras_transformer.inference import DecoderStep
+from keras_transformer.inference import DecoderStep, EncoderPass
 from keras_transformer.model import Transformer
 from keras_transformer.runs import Run
 from keras_transformer.tokenizers import END_ID, START_ID, Tokenizer, normalize_whitespace
@@ -270,13 +270,15 @@ class Translator(tf.Module):
         keys/values and the source mask, `[batch, ...]`; the searches tile it to the beams and
         drop finished sentences from it, but never reorder it).
 
-        The decoder step is `DecoderStep`'s, over the weights' tensors read here once per batch
-        (not once per step inside the loop). `Transformer.decode_step` through the Keras layers
-        is the reference it is tested against (`_fast_step` False).
+        The source is encoded by `EncoderPass` and the decoder step is `DecoderStep`'s, both
+        over the weights' tensors read here once per batch (not once per step inside the loop).
+        `Transformer.encode` and `Transformer.decode_step` through the Keras layers are the
+        references they are tested against (`_fast_step` False).
         """
-        context, source_mask = self.model.encode(source_ids, training=False)
         growing = self._growing_caches
         if self._fast_step:
+            encoder = EncoderPass(self.model)
+            context, source_mask = encoder(encoder.read_weights(), source_ids)
             decoder = self._decoder_step
             weights = decoder.read_weights()
 
@@ -285,6 +287,7 @@ class Translator(tf.Module):
 
             return step_function, decoder.precompute(weights, context, source_mask)
 
+        context, source_mask = self.model.encode(source_ids, training=False)
         memory = self.model.precompute_context(context, source_mask)
         # Every weight is read once per batch, here, instead of once per step inside the loop
         # (about 90 ReadVariableOps per step for the tutorial model): in a stateless scope the
@@ -298,7 +301,7 @@ class Translator(tf.Module):
 
         return keras_step_function, memory
 
-    _fast_step = True  # False: the Keras layers' `Transformer.decode_step` (the reference)
+    _fast_step = True  # False: the Keras layers' `encode` and `decode_step` (the reference)
 
 
 

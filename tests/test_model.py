@@ -181,6 +181,25 @@ def test_inference_step_equals_keras_decode_step(norm, share, growing):
             np.testing.assert_allclose(fast_cache["value"], cache["value"], atol=1e-5)
 
 
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_inference_encoder_equals_keras_encode(norm):
+    """`inference.EncoderPass` gives `Transformer.encode`'s output and mask on a padded batch,
+    to float32 rounding."""
+    from keras_transformer.inference import EncoderPass
+
+    model = Transformer(tiny(norm=norm))
+    source, target = random_batch(seed=7)
+    model((source, target))
+    context, mask = model.encode(source, training=False)
+    encoder = EncoderPass(model)
+    fast_context, fast_mask = encoder(encoder.read_weights(), tf.constant(source))
+    assert not np.all(mask)  # the batch has padding
+    np.testing.assert_array_equal(fast_mask, mask)
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(fast_context)[real], np.asarray(context)[real],
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_inference_step_under_mixed_bfloat16():
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
