@@ -391,29 +391,36 @@ def _compact_beam(expand, start, caps, max_penalty, state, context, batch_size, 
          done, parents, state) = expand(
             step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
             finished_flags, caps, max_penalty, state, context)
-        # The n best of the sentences that are done go to the result...
-        done_pos = tf.where(done)[:, 0]
-        rows = tf.gather(active, done_pos)[:, tf.newaxis]
-        result_seq, result_scores, result_flags = (
-            tf.tensor_scatter_nd_update(result, rows, tf.gather(t[:, :num_hypotheses], done_pos))
-            for result, t in ((result_seq, finished_seq), (result_scores, finished_scores),
-                              (result_flags, finished_flags)))
-        # ...and the others stay: one gather reorders and compacts the state.
-        keep = tf.where(tf.logical_not(done))[:, 0]  # [kept]
-        kept_rows = tf.reshape(tf.gather(parents, keep) + tf.cast(keep, tf.int32)[:, tf.newaxis]
-                               * beam_size, [-1])  # [kept * beam]
-        state = tf.nest.map_structure(lambda t: tf.gather(t, kept_rows), state)
-        if tf.nest.flatten(context):
+        carried = (active, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
+                   finished_flags, caps, max_penalty)
+
+        def drop_done():
+            # The n best of the sentences that are done go to the result...
+            done_pos = tf.where(done)[:, 0]
+            rows = tf.gather(active, done_pos)[:, tf.newaxis]
+            results = tuple(
+                tf.tensor_scatter_nd_update(result, rows,
+                                            tf.gather(t[:, :num_hypotheses], done_pos))
+                for result, t in ((result_seq, finished_seq), (result_scores, finished_scores),
+                                  (result_flags, finished_flags)))
+            # ...and the others stay: one gather reorders and compacts the state.
+            keep = tf.where(tf.logical_not(done))[:, 0]  # [kept]
+            kept_rows = tf.reshape(tf.gather(parents, keep)
+                                   + tf.cast(keep, tf.int32)[:, tf.newaxis] * beam_size,
+                                   [-1])  # [kept * beam]
             context_rows = tf.reshape(
                 tf.cast(keep, tf.int32)[:, tf.newaxis] * beam_size + tf.range(beam_size), [-1])
-            context = tf.cond(
-                tf.reduce_any(done),
-                lambda: tf.nest.map_structure(lambda t: tf.gather(t, context_rows), context),
-                lambda: context)
-        kept = tf.nest.map_structure(
-            lambda t: tf.gather(t, keep),
-            (active, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-             finished_flags, caps, max_penalty))
+            return (tf.nest.map_structure(lambda t: tf.gather(t, keep), carried),
+                    tf.nest.map_structure(lambda t: tf.gather(t, kept_rows), state),
+                    tf.nest.map_structure(lambda t: tf.gather(t, context_rows), context),
+                    results)
+
+        def reorder():  # no sentence is done: only the state follows the alive hypotheses
+            return (carried, _gather_beams(state, parents, tf.shape(parents)[0], beam_size),
+                    context, (result_seq, result_scores, result_flags))
+
+        kept, state, context, (result_seq, result_scores, result_flags) = tf.cond(
+            tf.reduce_any(done), drop_done, reorder)
         return (step + 1, *kept, state, context, result_seq, result_scores, result_flags)
 
     result_seq = tf.zeros([batch_size, num_hypotheses, max_decode_length], tf.int32)
