@@ -421,6 +421,7 @@ def test_cli_exports_ctranslate2_and_translates_with_either_export(random_run, t
     code, out, _ = cli_run(capsys, monkeypatch, ["info", "--model", str(saved / "1")])
     record = json.loads(out)
     assert record["format"] == "savedmodel" and record["search"]["beam_size"] == 2
+    assert record["search"]["stopping"].startswith("exact (a sentence stops when")
     assert record["model"]["max_positions"] == 24 and "sources truncated" in record["length_rule"]
 
     code, _, err = cli_run(capsys, monkeypatch, ["export", "--run", str(random_run), "--format",
