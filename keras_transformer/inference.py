@@ -92,18 +92,10 @@ class DecoderStep:
                     tf.reshape(value(cross_mha.value_dense.bias), [d])], axis=0),  # [2d]
                 "cross_out_kernel": tf.reshape(value(cross_mha.output_dense.kernel), [d, d]),
                 "cross_out_bias": value(cross_mha.output_dense.bias),
-                "ffn_norm": norm(layer.ffn.layernorm),
-                "inner_kernel": value(layer.ffn.inner.kernel),
-                "inner_bias": value(layer.ffn.inner.bias),
-                "outer_kernel": value(layer.ffn.outer.kernel),
-                "outer_bias": value(layer.ffn.outer.bias),
+                **_feed_forward_weights(layer.ffn, self.dtype),
             })
         embedding = model.target_embedding
-        weights = {
-            "embeddings": tf.convert_to_tensor(embedding.token_embedding.embeddings.value),
-            "positions": tf.constant(embedding.positions),  # [max_positions, d], float32
-            "layers": layers,
-        }
+        weights = _embedding_weights(embedding, layers)
         if model.decoder.final_layernorm is not None:
             weights["final_norm"] = norm(model.decoder.final_layernorm)
         if model.final_layer is not None:
@@ -191,12 +183,7 @@ class DecoderStep:
                              layer_memory["value"], memory["mask"])
             y = tf.nn.bias_add(tf.matmul(y, layer["cross_out_kernel"]), layer["cross_out_bias"])
             x = x + y if self.pre_norm else _layer_norm(x + y, layer["cross_norm"])
-            # Feed-forward.
-            h = _layer_norm(x, layer["ffn_norm"]) if self.pre_norm else x
-            h = tf.nn.relu(tf.nn.bias_add(tf.matmul(h, layer["inner_kernel"]),
-                                          layer["inner_bias"]))
-            y = tf.nn.bias_add(tf.matmul(h, layer["outer_kernel"]), layer["outer_bias"])
-            x = x + y if self.pre_norm else _layer_norm(x + y, layer["ffn_norm"])
+            x = _feed_forward(x, layer, self.pre_norm)
         if "final_norm" in weights:
             x = _layer_norm(x, weights["final_norm"])
         if "logits_kernel" in weights:
@@ -248,18 +235,9 @@ class EncoderPass:
                 **_fused_qkv(mha, d, scale, self.dtype),
                 "self_out_kernel": tf.reshape(value(mha.output_dense.kernel), [d, d]),
                 "self_out_bias": value(mha.output_dense.bias),
-                "ffn_norm": _norm_weights(layer.ffn.layernorm),
-                "inner_kernel": value(layer.ffn.inner.kernel),
-                "inner_bias": value(layer.ffn.inner.bias),
-                "outer_kernel": value(layer.ffn.outer.kernel),
-                "outer_bias": value(layer.ffn.outer.bias),
+                **_feed_forward_weights(layer.ffn, self.dtype),
             })
-        embedding = model.source_embedding
-        weights = {
-            "embeddings": tf.convert_to_tensor(embedding.token_embedding.embeddings.value),
-            "positions": tf.constant(embedding.positions),  # [max_positions, d], float32
-            "layers": layers,
-        }
+        weights = _embedding_weights(model.source_embedding, layers)
         if model.encoder.final_layernorm is not None:
             weights["final_norm"] = _norm_weights(model.encoder.final_layernorm)
         return weights
@@ -287,11 +265,7 @@ class EncoderPass:
             y = tf.reshape(tf.transpose(y, [0, 2, 1, 3]), [-1, d])
             y = tf.nn.bias_add(tf.matmul(y, layer["self_out_kernel"]), layer["self_out_bias"])
             x = x + y if self.pre_norm else _layer_norm(x + y, layer["self_norm"])
-            h = _layer_norm(x, layer["ffn_norm"]) if self.pre_norm else x
-            h = tf.nn.relu(tf.nn.bias_add(tf.matmul(h, layer["inner_kernel"]),
-                                          layer["inner_bias"]))
-            y = tf.nn.bias_add(tf.matmul(h, layer["outer_kernel"]), layer["outer_bias"])
-            x = x + y if self.pre_norm else _layer_norm(x + y, layer["ffn_norm"])
+            x = _feed_forward(x, layer, self.pre_norm)
         if "final_norm" in weights:
             x = _layer_norm(x, weights["final_norm"])
         return tf.reshape(x, [batch, length, d]), source_mask
@@ -305,6 +279,28 @@ def _value(variable, dtype):
 
 def _norm_weights(layer) -> dict:
     return {"gamma": _value(layer.gamma, tf.float32), "beta": _value(layer.beta, tf.float32)}
+
+
+def _feed_forward_weights(ffn, dtype) -> dict:
+    return {"ffn_norm": _norm_weights(ffn.layernorm),
+            "inner_kernel": _value(ffn.inner.kernel, dtype),  # [d, dff]
+            "inner_bias": _value(ffn.inner.bias, dtype),
+            "outer_kernel": _value(ffn.outer.kernel, dtype),  # [dff, d]
+            "outer_bias": _value(ffn.outer.bias, dtype)}
+
+
+def _embedding_weights(embedding, layers: list) -> dict:
+    return {"embeddings": tf.convert_to_tensor(embedding.token_embedding.embeddings.value),
+            "positions": tf.constant(embedding.positions),  # [max_positions, d], float32
+            "layers": layers}
+
+
+def _feed_forward(x, layer: dict, pre_norm: bool):
+    """The feed-forward sublayer with its residual connection and norm: `[rows, d_model]`."""
+    h = _layer_norm(x, layer["ffn_norm"]) if pre_norm else x
+    h = tf.nn.relu(tf.nn.bias_add(tf.matmul(h, layer["inner_kernel"]), layer["inner_bias"]))
+    y = tf.nn.bias_add(tf.matmul(h, layer["outer_kernel"]), layer["outer_bias"])
+    return x + y if pre_norm else _layer_norm(x + y, layer["ffn_norm"])
 
 
 def _fused_qkv(mha, d: int, scale: float, dtype) -> dict:

@@ -105,28 +105,11 @@ def random_translation_model(sentencepiece_tokenizers):
     that outputs have varied lengths (some empty, some at their cap) and the searches' early exits
     are used.
     """
-    import numpy as np
-
-    from keras_transformer.config import ModelConfig
-    from keras_transformer.model import Transformer
     from keras_transformer.tokenizers import END_ID
+    from tiny_models import seeded_tiny_model
 
     tokenizer = sentencepiece_tokenizers[0]
-    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, dff=64, dropout=0.1,
-                         share_embeddings="none", source_vocab_size=tokenizer.vocab_size,
-                         target_vocab_size=tokenizer.vocab_size, max_positions=24)
-    model = Transformer(config)
-    model.build()
-    # Seeded numpy weights rather than keras.utils.set_random_seed, which clears TensorFlow's
-    # eager kernel cache and with it the SentencePiece resource of already loaded tokenizers.
-    rng = np.random.default_rng(7)
-    weights = []
-    for w in model.get_weights():
-        if w.ndim >= 2:  # Glorot-uniform kernels and embeddings
-            limit = np.sqrt(6.0 / (w.shape[0] + np.prod(w.shape[1:])))
-            w = rng.uniform(-limit, limit, w.shape)
-        weights.append(w.astype(np.float32))
-    model.set_weights(weights)
+    model = seeded_tiny_model(tokenizer, seed=7)
     # Sharper output distributions (a random model's are nearly flat), and an END bias with which
     # some outputs end after a few tokens and others run to their cap.
     model.final_layer.kernel.assign(model.final_layer.kernel * 4.0)

@@ -25,6 +25,7 @@ from keras_transformer.layers import positional_encoding  # noqa: E402
 from keras_transformer.model import Transformer  # noqa: E402
 from keras_transformer.tokenizers import END_ID  # noqa: E402
 from keras_transformer.translator import Translator  # noqa: E402
+from tiny_models import seeded_tiny_model  # noqa: E402
 
 MAX_LENGTH = 24  # both test models' max_positions
 SENTENCES = [
@@ -56,21 +57,8 @@ def pre_norm_model(sentencepiece_tokenizers):
     and others run to their cap.
     """
     tokenizer = sentencepiece_tokenizers[0]
-    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, dff=64, dropout=0.1, norm="pre",
-                         share_embeddings="all", source_vocab_size=tokenizer.vocab_size,
-                         target_vocab_size=tokenizer.vocab_size, max_positions=MAX_LENGTH)
-    model = Transformer(config)
-    model.build()
-    rng = np.random.default_rng(11)
-    weights = []
-    for w in model.get_weights():
-        if w.ndim >= 2:
-            limit = np.sqrt(6.0 / (w.shape[0] + np.prod(w.shape[1:])))
-            w = rng.uniform(-limit, limit, w.shape)
-        else:
-            w = w + rng.normal(0.0, 0.1, w.shape)
-        weights.append(w.astype(np.float32))
-    model.set_weights(weights)
+    model = seeded_tiny_model(tokenizer, seed=11, norm="pre", share="all",
+                              max_positions=MAX_LENGTH, perturb_vectors=True)
     embeddings = model.target_embedding.token_embedding.embeddings
     embeddings.assign(embeddings * 2.0)
     end = embeddings.numpy()[END_ID]

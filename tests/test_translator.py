@@ -10,6 +10,7 @@ from keras_transformer.config import DecodeConfig
 from keras_transformer.decoding import NEG_INF, PAD_ID
 from keras_transformer.tokenizers import END_ID, START_ID
 from keras_transformer.translator import Translator
+from tiny_models import seeded_tiny_model
 
 SENTENCES = [
     "Ein Mann fährt Fahrrad.",
@@ -88,24 +89,7 @@ def test_cached_greedy_equals_uncached_greedy(translator, seed):
 def random_model_like_the_fixture(tokenizer, norm, share):
     """The `random_translation_model` fixture's recipe (seeded Glorot weights, sharper output
     distributions) for any LayerNorm placement and weight sharing."""
-    from keras_transformer.config import ModelConfig
-    from keras_transformer.model import Transformer
-
-    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, dff=64, dropout=0.1, norm=norm,
-                         share_embeddings=share, source_vocab_size=tokenizer.vocab_size,
-                         target_vocab_size=tokenizer.vocab_size, max_positions=24)
-    model = Transformer(config)
-    model.build()
-    rng = np.random.default_rng(11)
-    weights = []
-    for w in model.get_weights():
-        if w.ndim >= 2:
-            limit = np.sqrt(6.0 / (w.shape[0] + np.prod(w.shape[1:])))
-            sharper = tokenizer.vocab_size in (w.shape[0], w.shape[-1])  # the output layer
-            w = rng.uniform(-limit, limit, w.shape) * (4.0 if sharper else 1.0)
-        weights.append(w.astype(np.float32))
-    model.set_weights(weights)
-    return model
+    return seeded_tiny_model(tokenizer, seed=11, norm=norm, share=share, output_scale=4.0)
 
 
 @pytest.mark.parametrize("share", ["none", "target", "all"])

@@ -1,0 +1,41 @@
+"""Seeded random tiny Transformers for the decoding and export tests."""
+
+import numpy as np
+
+
+def seeded_tiny_model(tokenizer, *, seed: int, norm: str = "post", share: str = "none",
+                      max_positions: int = 24, output_scale: float = 1.0,
+                      perturb_vectors: bool = False):
+    """A built 2-layer, d_model 32 Transformer over `tokenizer`'s vocabulary with seeded
+    Glorot-uniform kernels and embeddings.
+
+    Seeded numpy weights rather than keras.utils.set_random_seed, which clears TensorFlow's
+    eager kernel cache and with it the SentencePiece resource of already loaded tokenizers.
+
+    Args:
+        output_scale: multiplies the matrices with a vocabulary-sized dimension (embeddings and
+            the output layer), for sharper output distributions than a random model's flat ones.
+        perturb_vectors: adds N(0, 0.1) to biases and LayerNorm parameters, so that a misplaced
+            one shows.
+    """
+    from keras_transformer.config import ModelConfig
+    from keras_transformer.model import Transformer
+
+    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, dff=64, dropout=0.1, norm=norm,
+                         share_embeddings=share, source_vocab_size=tokenizer.vocab_size,
+                         target_vocab_size=tokenizer.vocab_size, max_positions=max_positions)
+    model = Transformer(config)
+    model.build()
+    rng = np.random.default_rng(seed)
+    weights = []
+    for w in model.get_weights():
+        if w.ndim >= 2:
+            limit = np.sqrt(6.0 / (w.shape[0] + np.prod(w.shape[1:])))
+            w = rng.uniform(-limit, limit, w.shape)
+            if tokenizer.vocab_size in (w.shape[0], w.shape[-1]):
+                w = w * output_scale
+        elif perturb_vectors:
+            w = w + rng.normal(0.0, 0.1, w.shape)
+        weights.append(w.astype(np.float32))
+    model.set_weights(weights)
+    return model
