@@ -487,6 +487,9 @@ def data_stats(data_config: DataConfig, vocab_dir: str | os.PathLike | None = No
               "vocab_size": {"source": source_tokenizer.vocab_size,
                              "target": target_tokenizer.vocab_size},
               "splits": {}}
+    # One pass over each split: caching its tokenized pairs would only hold the whole split in
+    # memory (data.cache is for training's repeated passes).
+    data_config = dataclasses.replace(data_config, cache=False)
     for split in (data_config.train_split, data_config.validation_split, data_config.test_split):
         pairs = load_pairs(data_config, split)
         stats = pair_stats(pairs, source_tokenizer, target_tokenizer, data_config)
