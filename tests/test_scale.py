@@ -3,6 +3,7 @@ from Multi30k) and `benchmarks/scale.py` (the cost of each data stage as the cor
 
 import gzip
 import importlib.util
+import json
 import subprocess
 import sys
 
@@ -96,3 +97,65 @@ def test_make_corpus_bad_input_is_one_line_error(multi30k_dir, tmp_path, argumen
     error = result.stderr.strip().splitlines()[-1]  # after argparse's usage, if any
     assert error.startswith("make_corpus.py: error: ") and message in error, result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.fixture(scope="module")
+def scale():
+    return load_benchmark("scale")
+
+
+def test_rates_of_a_pass(scale):
+    tokens, times = [100, 300, 600], [1.0, 2.0, 4.0]  # seconds since the start
+    assert scale.rates(tokens, times, 2) == {"first": 200.0, "steady": 250.0, "pass_seconds": 4.0,
+                                             "batches": 3, "tokens": 1000}
+    assert scale.rates(tokens, times, 10)["first"] == 250.0  # a pass shorter than the first
+    assert scale.rates([], [], 2)["steady"] is None
+
+
+def sizes(vocab_seconds, stats_seconds, pass_seconds, off_peak, steady):
+    return {size: {"pairs": size, "vocab": {"seconds": v}, "stats": {"seconds": s},
+                   "input-off": {"pass_seconds": p, "peak_mb": m, "steady": r}}
+            for size, v, s, p, m, r in zip((1000, 10000), vocab_seconds, stats_seconds,
+                                           pass_seconds, off_peak, steady)}
+
+
+def test_table_gives_ratios_to_the_smallest_size(scale):
+    lines = scale.table(sizes((2.0, 10.0), (1.0, 10.0), (1.0, 9.0), (800, 1000), (5e4, 6e4)))
+    assert lines[0] == "| figure | 1,000 pairs | 10,000 pairs |"
+    assert "| training pairs | 1,000 (1.00x) | 10,000 (10.00x) |" in lines
+    assert "| build-vocab, s | 2.0 (1.00x) | 10.0 (5.00x) |" in lines
+    assert "| input, cache off: peak MB | 800 (1.00x) | 1,000 (1.25x) |" in lines
+    assert not any("cache on" in line for line in lines)  # not measured: no row
+
+
+def test_targets_are_judged_against_linear_time_memory_and_training(scale):
+    met = scale.targets(sizes((2.0, 10.0), (1.0, 10.0), (1.0, 9.0), (800, 1000), (5e4, 6e4)), 1000)
+    assert met[0].endswith("0.50: met") and met[1].endswith("1.00: met")
+    assert met[2].endswith("0.90: met") and met[3].endswith("1.25x: met")
+    assert met[4].endswith("50.0x, 60.0x: met")
+    missed = scale.targets(sizes((2.0, 30.0), (1, 1), (1, 1), (800, 1300), (5e4, 9e3)), 1000)
+    assert missed[0].endswith("1.50: NOT met")
+    assert missed[3].endswith("1.62x: NOT met") and missed[4].endswith("9.0x: NOT met")
+
+
+def test_scale_runs_each_stage_and_prints_the_table_with_ratios(multi30k_dir, tmp_path):
+    command = [sys.executable, str(REPO_ROOT / "benchmarks" / "scale.py"), "--sizes", "200,400",
+               "--work-dir", str(tmp_path), "--data-dir", str(multi30k_dir),
+               "--stages", "vocab,input-off", "--set", "data.vocab_size=400",
+               "--set", "data.tokens_per_batch=2048", "--first-batches", "2", "--eval-pairs", "20",
+               "--train-steps", "0", "--train-tokens-per-second", "100", "--shard-size", "0",
+               "--json", str(tmp_path / "figures.json")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "| figure | 200 pairs | 400 pairs |" in out
+    assert "| training pairs | 200 (1.00x) | 400 (2.00x) |" in out
+    for row in ("build-vocab, s", "build-vocab, peak MB", "input, cache off: first, target tokens/s",
+                "input, cache off: peak MB"):
+        line = next(l for l in out.splitlines() if l.startswith(f"| {row} |"))
+        assert line.count("x)") == 2 and "(1.00x)" in line, line
+    assert "data-stats" not in out  # a stage not asked for
+    assert "- peak memory with the cache off within 1.5x of the 200-pair figure: " in out
+    figures = json.loads((tmp_path / "figures.json").read_text())
+    assert figures["sizes"]["400"]["input-off"]["tokens"] > figures["sizes"]["200"]["input-off"]["tokens"]
+    assert figures["sizes"]["200"]["vocab"]["peak_mb"] > 100  # a process's own peak, in MB
