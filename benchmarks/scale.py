@@ -255,11 +255,14 @@ def run_stage(args, stage: str, corpus: Path, vocab: Path, *extra: str) -> dict:
                "--vocab", str(vocab), "--config", str(args.config),
                "--first-batches", str(args.first_batches), *extra]
     command += [f"--set={override}" for override in args.set or []]
+    started = time.strftime("%H:%M:%S")
     output = subprocess.run(command, capture_output=True, text=True,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     if output.returncode:
         sys.exit(f"scale.py: stage {stage} on {corpus} failed:\n{output.stderr[-3000:]}")
-    return json.loads(output.stdout.strip().splitlines()[-1])
+    # The clock times say what else ran meanwhile (figures are wall-clock times).
+    return {**json.loads(output.stdout.strip().splitlines()[-1]), "started": started,
+            "ended": time.strftime("%H:%M:%S")}
 
 
 def ensure_corpus(args, size: int) -> Path:

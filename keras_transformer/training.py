@@ -25,7 +25,7 @@ from keras_transformer.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEnt
 from keras_transformer.model import Transformer
 from keras_transformer.runs import Run, prepare_tokenizers, with_vocab_sizes
 from keras_transformer.schedules import create_optimizer
-from keras_transformer.tokenizers import training_tokenizers
+from keras_transformer.tokenizers import META_FILE, training_tokenizers
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,16 @@ def worker_shard(strategy: tf.distribute.Strategy) -> tuple[int, int]:
     if count <= 1:
         return 0, 1
     return (0 if resolver.task_type == "chief" else resolver.task_id + chiefs), count
+
+
+def check_shared_vocabulary(config: ExperimentConfig, workers: int) -> None:
+    """With several workers, ConfigError unless `data.vocab_dir` holds a vocabulary: each
+    worker would otherwise learn its own, in its own run folder, from the whole training split."""
+    vocab = config.data.vocab_dir
+    if workers > 1 and not (vocab and (Path(vocab) / META_FILE).is_file()):
+        raise ConfigError(
+            f"{workers} workers must share one vocabulary: build it once with `keras-transformer "
+            f"build-vocab` and set data.vocab_dir to it (data.vocab_dir={vocab!r} holds none)")
 
 
 # ----------------------------------------------------------------------------- precision
@@ -278,6 +288,7 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     keras.utils.set_random_seed(config.train.seed)
     strategy = make_strategy(config.train.strategy)
     replicas = strategy.num_replicas_in_sync
+    check_shared_vocabulary(config, worker_shard(strategy)[1])
 
     source_tokenizer, target_tokenizer = prepare_tokenizers(config, run)
     config = with_vocab_sizes(config, source_tokenizer, target_tokenizer)

@@ -11,11 +11,14 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from keras_transformer import data as data_lib
+from keras_transformer.config import ConfigError
 from keras_transformer.runs import Run
 from keras_transformer.text_io import read_parallel_lines
 from keras_transformer.tokenizers import load_tokenizers
+from keras_transformer.training import check_shared_vocabulary
 
 
 def free_ports(count):
@@ -110,3 +113,15 @@ def test_two_workers_read_disjoint_shards_that_make_the_epoch_and_end_equal(
                for i in range(2)]
     for first, second in zip(*weights):
         np.testing.assert_array_equal(first, second)
+
+
+def test_several_workers_need_one_vocabulary_built_beforehand(tiny_experiment, tmp_path):
+    config = tiny_experiment()
+    check_shared_vocabulary(config, 2)  # data.vocab_dir holds the session's vocabulary
+    for vocab_dir in (None, str(tmp_path)):
+        unshared = dataclasses.replace(config, data=dataclasses.replace(config.data,
+                                                                        vocab_dir=vocab_dir))
+        check_shared_vocabulary(unshared, 1)
+        with pytest.raises(ConfigError, match=r"2 workers must share one vocabulary: build it "
+                                              r"once with `keras-transformer build-vocab`"):
+            check_shared_vocabulary(unshared, 2)
