@@ -115,6 +115,10 @@ class DataConfig:
     test_split: str = "test_2016_flickr"
     tokenizer: str = "sentencepiece"  # "sentencepiece" (joint vocabulary) | "wordpiece"
     vocab_size: int = 8000  # target size of each vocabulary (the joint one for sentencepiece)
+    # SentencePiece learns from a uniform random sample of at most this many sentences (both
+    # sides counted) of the training split, which bounds build-vocab's memory; every sentence is
+    # still read once. Not recorded with the vocabulary: another sample size reuses it.
+    vocab_sample_sentences: int = 2_000_000
     lowercase: bool = False  # the tutorial lowercases; the paper and sacreBLEU's default do not
     vocab_dir: Optional[str] = None  # where vocabulary files are written/read; default {run}/vocab
     max_pair_length: int = 128  # longest source or target kept, in tokens with START/END
@@ -137,6 +141,8 @@ class DataConfig:
             _check_positive(f"data.{name}", getattr(self, name))
         _check_at_least("data.vocab_size", self.vocab_size, RESERVED_IDS + 1,
                         f" (ids 0-{RESERVED_IDS - 1} are reserved for PAD, START, END, UNK)")
+        _check_at_least("data.vocab_sample_sentences", self.vocab_sample_sentences, 101,
+                        " (SentencePiece samples more than 100 sentences)")
         _check_at_least("data.max_pair_length", self.max_pair_length, 3,
                         " (START, one token, END)")
         _check_at_least("data.sp_nbest_size", self.sp_nbest_size, -1,

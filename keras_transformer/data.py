@@ -145,18 +145,33 @@ def _select_languages(examples: tf.data.Dataset, data_config: DataConfig, name: 
                         num_parallel_calls=AUTOTUNE)
 
 
-def load_pairs(data_config: DataConfig, split: str) -> tf.data.Dataset:
+def load_pairs(data_config: DataConfig, split: str,
+               shard: tuple[int, int] = (0, 1)) -> tf.data.Dataset:
     """(source_text, target_text) pairs of `split`: two scalar tf.string, whitespace-normalized
     (`normalize_whitespace`, the Translator's normalization of its inputs).
 
     Pairs with an empty side are kept here and dropped (and counted) by `make_batches`/`pair_stats`.
+
+    `shard=(index, count)` keeps the pairs index, index + count, index + 2 * count, ... in
+    reading order (for files: lines index + 1, index + 1 + count, ...), chosen as the text is
+    read, before anything else is done to it: `count` workers given the indexes 0 to count - 1
+    read disjoint parts that together make the split, and each normalizes and tokenizes only
+    its own (every worker still reads every line). Sharded pairs tell tf.distribute not to
+    shard them again (auto-shard policy OFF).
     """
+    index, count = shard
+    if not 0 <= index < count:
+        raise ConfigError(f"shard={shard!r}: expected (index, count) with 0 <= index < count")
     if data_config.dataset == "files":
         pairs = _load_files(data_config, split)
     elif data_config.dataset == "multi30k":
         pairs = _load_multi30k(data_config, split)
     else:
         pairs = _load_tfds(data_config, split)
+    if count > 1:
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        pairs = pairs.shard(count, index).with_options(options)
     return pairs.map(lambda s, t: (normalize_whitespace(s), normalize_whitespace(t)),
                      num_parallel_calls=AUTOTUNE)
 
@@ -354,7 +369,9 @@ def _bucketed(examples: tf.data.Dataset, data_config: DataConfig, num_replicas: 
 
 class TrainingStream:
     """A run's training batches: one endless stream of passes over the pairs, the same in
-    every process, so that a run resumed at batch N reads what an uninterrupted run read there.
+    every process given the same pairs, so that a run resumed at batch N reads what an
+    uninterrupted run read there. Under several workers each has its own stream over its own
+    shard of the pairs (`load_pairs(shard=...)`, `training.TrainingInput`).
 
     Pass p is the pairs shuffled with the seed (`seed`, p), then batched as `make_batches`
     batches them (with a sampling tokenizer, tokenized after the shuffle: new segmentations
@@ -487,6 +504,9 @@ def data_stats(data_config: DataConfig, vocab_dir: str | os.PathLike | None = No
               "vocab_size": {"source": source_tokenizer.vocab_size,
                              "target": target_tokenizer.vocab_size},
               "splits": {}}
+    # One pass over each split: caching its tokenized pairs would only hold the whole split in
+    # memory (data.cache is for training's repeated passes).
+    data_config = dataclasses.replace(data_config, cache=False)
     for split in (data_config.train_split, data_config.validation_split, data_config.test_split):
         pairs = load_pairs(data_config, split)
         stats = pair_stats(pairs, source_tokenizer, target_tokenizer, data_config)

@@ -321,7 +321,8 @@ def build_tokenizers(data_config: DataConfig, train_pairs: tf.data.Dataset,
             for source, target in train_pairs.as_numpy_iterator():
                 yield source.decode("utf-8")
                 yield target.decode("utf-8")
-        train_sentencepiece(both_sides(), vocab_dir / SENTENCEPIECE_FILE, data_config.vocab_size)
+        train_sentencepiece(both_sides(), vocab_dir / SENTENCEPIECE_FILE, data_config.vocab_size,
+                            max_sentences=data_config.vocab_sample_sentences)
     else:
         for index, lang in enumerate(_wordpiece_langs(data_config)):
             side = train_pairs.map(lambda *pair, i=index: pair[i])

@@ -8,6 +8,7 @@ The run folder it writes, and resumes from, is described in `keras_transformer.r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from keras_transformer.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEnt
 from keras_transformer.model import Transformer
 from keras_transformer.runs import Run, prepare_tokenizers, with_vocab_sizes
 from keras_transformer.schedules import create_optimizer
-from keras_transformer.tokenizers import training_tokenizers
+from keras_transformer.tokenizers import META_FILE, training_tokenizers
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,31 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
     # ("Shape mismatch in the collective instance": the instance keys of the two clash).
     return tf.distribute.MirroredStrategy(devices,
                                           cross_device_ops=tf.distribute.ReductionToOneDevice())
+
+
+def worker_shard(strategy: tf.distribute.Strategy) -> tuple[int, int]:
+    """(index, count) of this worker among the workers of a MultiWorkerMirroredStrategy: the
+    chief first, then the workers in TF_CONFIG order (tf.distribute's input pipeline ids);
+    (0, 1) for any other strategy."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return 0, 1
+    resolver = strategy.cluster_resolver
+    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    chiefs = len(cluster.get("chief", []))
+    count = chiefs + len(cluster.get("worker", []))
+    if count <= 1:
+        return 0, 1
+    return (0 if resolver.task_type == "chief" else resolver.task_id + chiefs), count
+
+
+def check_shared_vocabulary(config: ExperimentConfig, workers: int) -> None:
+    """With several workers, ConfigError unless `data.vocab_dir` holds a vocabulary: each
+    worker would otherwise learn its own, in its own run folder, from the whole training split."""
+    vocab = config.data.vocab_dir
+    if workers > 1 and not (vocab and (Path(vocab) / META_FILE).is_file()):
+        raise ConfigError(
+            f"{workers} workers must share one vocabulary: build it once with `keras-transformer "
+            f"build-vocab` and set data.vocab_dir to it (data.vocab_dir={vocab!r} holds none)")
 
 
 # ----------------------------------------------------------------------------- precision
@@ -149,6 +175,93 @@ def build_compiled_state(model: Transformer, batches: tf.data.Dataset) -> None:
     model.optimizer.build(model.trainable_variables)
 
 
+# ----------------------------------------------------------------------------- training input
+
+class TrainingInput:
+    """The training batches that `fit` reads, from any epoch on, and the steps of an epoch.
+
+    One worker (MirroredStrategy, OneDeviceStrategy, TPUStrategy): one `data.TrainingStream` of
+    global batches (`data.tokens_per_batch` padded tokens, a multiple of the replicas in
+    pairs), which the strategy splits between the replicas.
+
+    Several workers (MultiWorkerMirroredStrategy): each worker reads only its shard of the
+    training pairs (`data.load_pairs(shard=(worker, workers))`: every workers-th pair, chosen
+    before tokenization) into its own stream of per-replica batches of
+    tokens_per_batch / replicas padded tokens, given to `fit` through
+    `distribute_datasets_from_function`, which shards nothing more; its replicas take
+    consecutive batches. A global step is then one batch per replica, each from its own
+    length bucket (the loss is still the mean over the step's real target tokens,
+    `losses.MaskedLabelSmoothedCrossEntropy`).
+
+    An epoch is `train.steps_per_epoch` steps, or about one pass over the data: with several
+    workers, whose shards give different numbers of batches, the mean over the workers of
+    their pass in steps (agreed with an all-reduce: every worker must take the same number of
+    steps; a worker whose pass is shorter goes on into its next pass). Either way a run resumed
+    at epoch E reads what the uninterrupted run read there: each stream restarts at its batch
+    E * steps * (batches per step).
+    """
+
+    def __init__(self, config: ExperimentConfig, strategy: tf.distribute.Strategy,
+                 source_tokenizer, target_tokenizer):
+        self.config, self.strategy = config, strategy
+        self.per_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        self.worker, self.workers = worker_shard(strategy)
+        replicas = strategy.num_replicas_in_sync
+        data_config, stream_replicas = config.data, replicas
+        if self.per_worker:
+            data_lib.bucket_batch_sizes(config.data, replicas)  # fails early, naming the replicas
+            data_config = dataclasses.replace(
+                config.data, tokens_per_batch=config.data.tokens_per_batch // replicas)
+            stream_replicas = 1
+        self.batches_per_step = replicas // self.workers if self.per_worker else 1
+        pairs = data_lib.load_pairs(config.data, config.data.train_split,
+                                    shard=(self.worker, self.workers))
+        self.stream = data_lib.TrainingStream(pairs, source_tokenizer, target_tokenizer,
+                                              data_config, seed=config.train.seed,
+                                              num_replicas=stream_replicas)
+
+    def epoch_steps(self) -> int:
+        """`train.steps_per_epoch`, or about one pass (see the class docstring); with several
+        workers, says which shard this worker reads."""
+        steps = self.config.train.steps_per_epoch
+        passes = ""
+        if not steps:
+            local = self.stream.pass_length() / self.batches_per_step
+            mean = local
+            if self.per_worker:
+                per_replica = self.strategy.run(lambda: tf.constant(local, tf.float32))
+                mean = float(self.strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica,
+                                                  axis=None))
+            steps = max(1, int(mean))
+            passes = f": {local:g} steps per pass here, {steps} per epoch"
+        if self.workers > 1:
+            message = (f"worker {self.worker} of {self.workers} reads training pairs "
+                       f"{self.worker}, {self.worker + self.workers}, "
+                       f"{self.worker + 2 * self.workers}, ... (sharded before tokenization)"
+                       f"{passes}")
+            logger.info(message)
+            print(f"keras-transformer train: {message}", flush=True)
+        return steps
+
+    def batches(self, initial_epoch: int, steps: int):
+        """What `fit` reads when it starts at `initial_epoch` with `steps` steps an epoch: a
+        dataset, or with several workers a distributed dataset."""
+        start = initial_epoch * steps * self.batches_per_step
+        if not self.per_worker:
+            return self.stream.batches(start)
+
+        def dataset_fn(context: tf.distribute.InputContext):
+            if (context.input_pipeline_id, context.num_input_pipelines) != (self.worker,
+                                                                           self.workers):
+                raise ConfigError(
+                    f"tf.distribute calls this worker input pipeline {context.input_pipeline_id}"
+                    f" of {context.num_input_pipelines}, but TF_CONFIG makes it worker "
+                    f"{self.worker} of {self.workers}")
+            return self.stream.batches(start)
+
+        return self.strategy.distribute_datasets_from_function(dataset_fn)
+
+
 # ----------------------------------------------------------------------------- train
 
 def train(config: ExperimentConfig, output_dir: str | os.PathLike,
@@ -175,16 +288,15 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     keras.utils.set_random_seed(config.train.seed)
     strategy = make_strategy(config.train.strategy)
     replicas = strategy.num_replicas_in_sync
+    check_shared_vocabulary(config, worker_shard(strategy)[1])
 
     source_tokenizer, target_tokenizer = prepare_tokenizers(config, run)
     config = with_vocab_sizes(config, source_tokenizer, target_tokenizer)
     run.save_config(config)
     run.remove_partial_files()
 
-    train_pairs = data_lib.load_pairs(config.data, config.data.train_split)
-    stream = data_lib.TrainingStream(
-        train_pairs, *training_tokenizers(config.data, source_tokenizer, target_tokenizer),
-        config.data, seed=config.train.seed, num_replicas=replicas)
+    training_input = TrainingInput(config, strategy, *training_tokenizers(
+        config.data, source_tokenizer, target_tokenizer))
     validation_pairs = data_lib.load_pairs(config.data, config.data.validation_split)
     validation_batches = data_lib.make_batches(validation_pairs, source_tokenizer,
                                                target_tokenizer, config.data, training=False,
@@ -210,15 +322,14 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
             if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
                 compat.apply_multi_worker_workarounds(model)
             initial_epoch = run.restore(model)
-        # An epoch is steps_per_epoch batches of the stream, or one pass over the data.
-        steps = config.train.steps_per_epoch or stream.pass_length()
+        steps = training_input.epoch_steps()
         validation_callback = None
         if config.train.validation_bleu_sentences:
             validation_callback = ValidationBleu(
                 validation_pairs.take(config.train.validation_bleu_sentences),
                 source_tokenizer, target_tokenizer, config, run.logs_dir / "validation")
         return model.fit(
-            stream.batches(start=initial_epoch * steps),
+            training_input.batches(initial_epoch, steps),
             validation_data=validation_batches.repeat(),
             validation_steps=validation_steps,
             initial_epoch=initial_epoch,

@@ -211,6 +211,8 @@ def test_ints_are_accepted_for_floats_but_bools_are_not_ints(tmp_path):
     (DataConfig, dict(tokens_per_batch=0), "data.tokens_per_batch=0 must be positive"),
     (DataConfig, dict(bucket_step=0), "data.bucket_step=0 must be positive"),
     (DataConfig, dict(shuffle_buffer=0), "data.shuffle_buffer=0 must be positive"),
+    (DataConfig, dict(vocab_sample_sentences=100),
+     r"data.vocab_sample_sentences=100 must be >= 101 \(SentencePiece samples more than 100"),
     (DataConfig, dict(sp_nbest_size=-2), "data.sp_nbest_size=-2 must be >= -1"),
     (DataConfig, dict(sp_alpha=-0.1), "data.sp_alpha=-0.1 must be >= 0"),
     (TrainConfig, dict(epochs=0), "train.epochs=0 must be positive"),

@@ -115,6 +115,20 @@ def test_whitespace_inside_lines_is_normalized_as_the_translator_does(tmp_path, 
     assert check_parallel_files(split_files(tmp_path, "train", ("de", "en"))).empty_lines == [6]
 
 
+def test_shards_are_every_nth_pair_disjoint_and_together_the_split(tmp_path, small_pairs):
+    _write(tmp_path / "train.de", [s + " \t" for s, _ in small_pairs])
+    _write(tmp_path / "train.en", [t for _, t in small_pairs])
+    config = _files_config(tmp_path)
+    shards = [load_pairs(config, "train", shard=(index, 2)) for index in range(2)]
+    assert [_as_lists(shard) for shard in shards] == [small_pairs[0::2], small_pairs[1::2]]
+    assert _as_lists(load_pairs(config, "train", shard=(0, 1))) == small_pairs
+    # tf.distribute must not shard a worker's shard again.
+    assert (shards[1].options().experimental_distribute.auto_shard_policy
+            == tf.data.experimental.AutoShardPolicy.OFF)
+    with pytest.raises(ConfigError, match=r"shard=\(2, 2\): expected \(index, count\)"):
+        load_pairs(config, "train", shard=(2, 2))
+
+
 # ----------------------------------------------------------------------------- tfds sources
 
 def test_tfds_translation_dataset_with_mock_data():

@@ -218,6 +218,21 @@ def test_sentencepiece_lowercase_is_rejected(multi30k_config, tmp_path):
         build_tokenizers(multi30k_config(lowercase=True), tf.data.Dataset.range(0), tmp_path)
 
 
+def test_sentencepiece_learns_from_a_sample_of_at_most_vocab_sample_sentences(multi30k_config,
+                                                                                 tmp_path):
+    """The whole split is read, but SentencePiece keeps a bounded random sample: from 150
+    sentences it learns fewer pieces than from 4,000 (the soft vocabulary limit gives what
+    the sample supports)."""
+    from keras_transformer.data import load_pairs
+
+    sizes = {}
+    for sample in (150, 4000):
+        config = multi30k_config(vocab_sample_sentences=sample)
+        pairs = load_pairs(config, "train").take(2000)
+        sizes[sample] = build_tokenizers(config, pairs, tmp_path / str(sample))[0].vocab_size
+    assert sizes[150] < sizes[4000] == 1000
+
+
 def test_model_with_other_reserved_ids_is_rejected(tmp_path, small_pairs):
     import sentencepiece
 
