@@ -1,6 +1,6 @@
 """How the cost of each data stage grows with the corpus, from Multi30k's 29k pairs to WMT14's 4.5M.
 
-    python benchmarks/scale.py [--sizes 29000,290000,2900000,4500000] [--work-dir /work/scale_data]
+    python benchmarks/scale.py [--sizes 29000,290000,2900000,4500000] [--work-dir runs/scale]
                                [--config experiments/wmt14_en_de_base.yaml] [--set KEY=VALUE]
                                [--stages vocab,stats,input-off,input-on] [--first-batches 20]
                                [--train-steps 10 | --train-tokens-per-second N]
@@ -467,7 +467,7 @@ def driver_main(args) -> None:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help="comma-separated pair counts")
-    parser.add_argument("--work-dir", default="/work/scale_data",
+    parser.add_argument("--work-dir", default=str(HERE.parent / "runs" / "scale"),
                         help="where the corpora and vocabularies are written")
     parser.add_argument("--data-dir", default=os.environ.get("KERAS_TRANSFORMER_DATA"),
                         help="the Multi30k folder the corpora are made from")
