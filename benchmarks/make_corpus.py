@@ -1,6 +1,6 @@
 """A synthetic parallel corpus of WMT14's size and sentence lengths, made from Multi30k.
 
-    python benchmarks/make_corpus.py --pairs 4500000 --output /work/scale_data/corpus_4500000 \
+    python benchmarks/make_corpus.py --pairs 4500000 --output runs/scale/corpus_4500000 \
         [--data-dir MULTI30K] [--langs en,de] [--seed 1] [--median-words 20] [--sigma 0.65] \
         [--eval-pairs 3000]
 
