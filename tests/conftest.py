@@ -106,7 +106,7 @@ def random_translation_model(sentencepiece_tokenizers):
     are used.
     """
     from keras_transformer.tokenizers import END_ID
-    from tiny_models import seeded_tiny_model
+    from helpers import seeded_tiny_model
 
     tokenizer = sentencepiece_tokenizers[0]
     model = seeded_tiny_model(tokenizer, seed=7)

@@ -1,23 +1,13 @@
 """The arithmetic of `benchmarks/train.py`: the FLOP count behind its MFU figures and the
 token-matched schedule behind its equal-token quality check."""
 
-import importlib.util
-
 import numpy as np
 import pytest
 
-from keras_transformer.config import REPO_ROOT, ModelConfig
+from keras_transformer.config import ModelConfig
 from keras_transformer.data import BatchStats
 from keras_transformer.schedules import TransformerSchedule
-
-
-def load_benchmark(name: str):
-    """The module of `benchmarks/NAME.py`, which is a script, not a package module."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}",
-                                                  REPO_ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")

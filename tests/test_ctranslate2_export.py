@@ -25,7 +25,7 @@ from keras_transformer.layers import positional_encoding  # noqa: E402
 from keras_transformer.model import Transformer  # noqa: E402
 from keras_transformer.tokenizers import END_ID  # noqa: E402
 from keras_transformer.translator import Translator  # noqa: E402
-from tiny_models import seeded_tiny_model  # noqa: E402
+from helpers import seeded_tiny_model  # noqa: E402
 
 MAX_LENGTH = 24  # both test models' max_positions
 SENTENCES = [

@@ -2,7 +2,6 @@
 from Multi30k) and `benchmarks/scale.py` (the cost of each data stage as the corpus grows)."""
 
 import gzip
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,15 +11,7 @@ import pytest
 
 from keras_transformer.config import REPO_ROOT
 from keras_transformer.data import check_parallel_files, split_files
-
-
-def load_benchmark(name: str):
-    """The module of `benchmarks/NAME.py`, which is a script, not a package module."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}",
-                                                  REPO_ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")

@@ -1,24 +1,15 @@
 """`benchmarks/serve_load.py` in short: a tiny exported model, 3 client threads for a few
 seconds, the benchmark's own assertions; and that those assertions do fail."""
 
-import importlib.util
-import sys
-
 import numpy as np
 import pytest
 
-from keras_transformer.config import REPO_ROOT
+from helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def serve_load():
-    spec = importlib.util.spec_from_file_location("serve_load",
-                                                  REPO_ROOT / "benchmarks" / "serve_load.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    return load_benchmark("serve_load")
 
 
 def test_requests_mix_test_sentences_and_every_bad_input(serve_load):

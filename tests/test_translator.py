@@ -10,7 +10,7 @@ from keras_transformer.config import DecodeConfig
 from keras_transformer.decoding import NEG_INF, PAD_ID
 from keras_transformer.tokenizers import END_ID, START_ID
 from keras_transformer.translator import Translator
-from tiny_models import seeded_tiny_model
+from helpers import seeded_tiny_model
 
 SENTENCES = [
     "Ein Mann fährt Fahrrad.",

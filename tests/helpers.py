@@ -1,6 +1,22 @@
-"""Seeded random tiny Transformers for the decoding and export tests."""
+"""Helpers shared by the tests: seeded random tiny Transformers, benchmark scripts as modules."""
+
+import importlib.util
+import sys
 
 import numpy as np
+
+from keras_transformer.config import REPO_ROOT
+
+
+def load_benchmark(name: str):
+    """The module of `benchmarks/NAME.py`, which is a script, not a package module; registered in
+    `sys.modules` as `bench_NAME` (dataclasses look their module up there)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}",
+                                                  REPO_ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def seeded_tiny_model(tokenizer, *, seed: int, norm: str = "post", share: str = "none",
