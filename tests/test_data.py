@@ -14,7 +14,7 @@ import tensorflow_datasets as tfds
 
 from keras_transformer import multi30k
 from keras_transformer.cli import format_data_stats
-from keras_transformer.config import DATA_ENV, ConfigError, DataConfig
+from keras_transformer.config import DATA_ENV, REPO_ROOT, ConfigError, DataConfig, ExperimentConfig
 from keras_transformer.data import (DataError, batch_stats, bucket_batch_sizes, bucket_lengths,
                                     check_parallel_files, fixed_size_batches, load_pairs,
                                     make_batches, pair_stats, read_parallel_lines, split_files,
@@ -140,6 +140,19 @@ def test_tfds_translation_dataset_with_mock_data():
         with pytest.raises(ConfigError, match=r"target_lang='de' is not a language .*\['en', 'pt'\]"):
             load_pairs(DataConfig(dataset=config.dataset, source_lang="pt", target_lang="de"),
                        "validation")
+
+
+@pytest.mark.parametrize("name", ["wmt14_en_de_base", "wmt14_en_de_big"])
+def test_wmt14_experiments_read_tfds_wmt14_translate_with_mock_data(name):
+    config = ExperimentConfig.from_yaml(REPO_ROOT / "experiments" / f"{name}.yaml")
+    assert config.data.dataset == "wmt14_translate/de-en"
+    with tfds.testing.mock_data(num_examples=6):
+        for split in (config.data.train_split, config.data.validation_split,
+                      config.data.test_split):
+            assert len(_as_lists(load_pairs(config.data, split))) == 6, split
+        whole = _as_lists(load_pairs(config.data, "train"))
+        shards = [_as_lists(load_pairs(config.data, "train", shard=(i, 2))) for i in (0, 1)]
+    assert shards == [whole[0::2], whole[1::2]]  # each worker its own pairs, together the split
 
 
 def _first_lines(folder, prefix, n=3):
