@@ -248,6 +248,20 @@ def test_gradient_accumulation_updates_once_per_accumulated_batches(tiny_experim
     assert int(optimizer.iterations.numpy()) == 2  # 4 batches, 2 updates
 
 
+def test_gradient_accumulation_trains_one_replica_on_one_device_and_refuses_several():
+    # Keras's accumulation fails under MirroredStrategy, even with one replica
+    # ("merge_call called while defining a new graph", keras-team/keras#17429).
+    one = tf.distribute.MirroredStrategy([tf.config.list_logical_devices("CPU")[0].name])
+    chosen = training.accumulation_strategy(one, 6)
+    assert isinstance(chosen, tf.distribute.OneDeviceStrategy)
+    assert chosen.extended.worker_devices == one.extended.worker_devices
+    assert training.accumulation_strategy(one, 1) is one
+    two = training.make_strategy("mirrored")  # the 2 logical CPUs of conftest.py
+    with pytest.raises(ConfigError, match=r"^train.accumulate_steps=2 needs a single replica, "
+                                          r"and this MirroredStrategy has 2: .*17429"):
+        training.accumulation_strategy(two, 2)
+
+
 def test_subword_sampling_reaches_the_training_batches_only(tiny_experiment, tmp_path,
                                                             monkeypatch):
     config = tiny_experiment(epochs=1, steps_per_epoch=2, validation_bleu_sentences=0,
