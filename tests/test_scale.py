@@ -150,3 +150,57 @@ def test_scale_runs_each_stage_and_prints_the_table_with_ratios(multi30k_dir, tm
     figures = json.loads((tmp_path / "figures.json").read_text())
     assert figures["sizes"]["400"]["input-off"]["tokens"] > figures["sizes"]["200"]["input-off"]["tokens"]
     assert figures["sizes"]["200"]["vocab"]["peak_mb"] > 100  # a process's own peak, in MB
+
+
+# ----------------------------------------------------------------------------- fit.py
+
+@pytest.fixture(scope="module")
+def fit():
+    return load_benchmark("fit")
+
+
+def test_steady_rates_leave_out_the_first_window(fit):
+    windows = [{"step": 2, "wall_time": 100.0, "tokens_per_second": 50.0},  # tracing
+               {"step": 4, "wall_time": 104.0, "tokens_per_second": 1000.0},
+               {"step": 6, "wall_time": 110.0, "tokens_per_second": 700.0},
+               {"step": 8, "wall_time": 114.0, "tokens_per_second": 1100.0}]
+    rates = fit.steady_rates(windows)
+    assert rates == {"step_seconds": 2.0, "target_tokens_per_second": 1000.0, "windows": 3}
+    with pytest.raises(SystemExit, match="2 TensorBoard points; raise --steps"):
+        fit.steady_rates(windows[:2])
+
+
+def test_fit_trains_the_experiment_on_a_corpus_and_reads_its_run_back(multi30k_dir, tmp_path):
+    corpus = tmp_path / "corpus"
+    subprocess.run([sys.executable, str(REPO_ROOT / "benchmarks" / "make_corpus.py"),
+                    "--output", str(corpus), "--data-dir", str(multi30k_dir), "--pairs", "300",
+                    "--eval-pairs", "20"], check=True, capture_output=True)
+    command = [sys.executable, str(REPO_ROOT / "benchmarks" / "fit.py"),
+               "--config", str(REPO_ROOT / "experiments" / "wmt14_en_de_big.yaml"),
+               "--corpus", str(corpus), "--steps", "6", "--log-every", "2",
+               "--set", "model.preset=tiny", "--set", "data.vocab_size=500",
+               "--set", "data.max_pair_length=128", "--set", "data.tokens_per_batch=512",
+               "--set", "train.accumulate_steps=2",
+               "--run-dir", str(tmp_path / "run"), "--json", str(tmp_path / "fit.json")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads((tmp_path / "fit.json").read_text())
+    assert (figures["steps"], figures["accumulate_steps"], figures["windows"]) == (6, 2, 2)
+    assert 325 < figures["vocab_size"] <= 500 and figures["layers"] == 2
+    assert figures["step_seconds"] > 0 and figures["target_tokens_per_second"] > 0
+    assert figures["mfu"]["bfloat16"] == pytest.approx(
+        figures["target_tokens_per_second"] * figures["flops_per_target_token"]
+        / figures["peak_flops"]["bfloat16"])
+    assert figures["peak_mb"] > 100
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert (state["epoch"], state["optimizer_step"]) == (1, 6)  # a real run folder
+    assert "wmt14_en_de_big.yaml (wmt14_en_de_big: 2 layers" in result.stdout
+
+
+def test_fit_bad_input_is_one_line_error(tmp_path):
+    command = [sys.executable, str(REPO_ROOT / "benchmarks" / "fit.py"), "--config",
+               str(REPO_ROOT / "experiments" / "wmt14_en_de_base.yaml"), "--corpus",
+               str(tmp_path / "missing")]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].endswith(f"--corpus {tmp_path / 'missing'}: no such folder")
