@@ -362,6 +362,7 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
             initial_epoch=initial_epoch,
             epochs=config.train.epochs,
             steps_per_epoch=steps,
+            shuffle=False,  # the stream shuffles; Keras would only warn that it cannot
             callbacks=default_callbacks(config, run, validation_callback, initial_epoch),
             verbose=verbose,
         )

@@ -240,12 +240,14 @@ def test_auto_precision_follows_the_hardware(monkeypatch, capabilities, native_c
         assert training.resolve_precision(explicit) == explicit
 
 
-def test_gradient_accumulation_updates_once_per_accumulated_batches(tiny_experiment, tmp_path):
+def test_gradient_accumulation_updates_once_per_accumulated_batches(tiny_experiment, tmp_path,
+                                                                    recwarn):
     config = tiny_experiment(epochs=1, steps_per_epoch=4, accumulate_steps=2,
                              validation_bleu_sentences=0, strategy="one_device")
     optimizer = training.train(config, tmp_path, verbose=0).model.optimizer
     assert optimizer.gradient_accumulation_steps == 2
     assert int(optimizer.iterations.numpy()) == 2  # 4 batches, 2 updates
+    assert not [w for w in recwarn if "shuffle" in str(w.message)]  # fit's warning, not ours
 
 
 def test_gradient_accumulation_trains_one_replica_on_one_device_and_refuses_several():
