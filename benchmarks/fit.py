@@ -28,25 +28,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
-import os
-import platform
 import resource
 import statistics
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the sibling benchmark scripts
+from scale import load_sibling, machine  # noqa: E402
+
 FLOP_SAMPLE_BATCHES = 50
-
-
-def load_sibling(name: str):
-    """The module of `benchmarks/NAME.py` (benchmarks are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def fit_config(args):
@@ -110,16 +102,6 @@ def flops_per_target_token(run) -> float:
         flops += train_benchmark.flops_per_batch(config.model, source_ids.numpy(), target_out)
         tokens += float((target_out != 0).sum())
     return flops / tokens
-
-
-def machine() -> str:
-    """The CPU model and the cores this process may use."""
-    name = platform.processor()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            name = line.split(":", 1)[1].strip()
-            break
-    return f"{name}, {len(os.sched_getaffinity(0))} cores"
 
 
 def run_fit(args) -> dict:
