@@ -2,10 +2,12 @@
 
 import importlib.util
 import sys
+from pathlib import Path
 
 import numpy as np
+import tensorflow as tf
 
-from keras_transformer.config import REPO_ROOT
+from keras_transformer.config import REPO_ROOT, ExperimentConfig
 
 
 def load_benchmark(name: str):
@@ -55,3 +57,26 @@ def seeded_tiny_model(tokenizer, *, seed: int, norm: str = "post", share: str = 
         weights.append(w.astype(np.float32))
     model.set_weights(weights)
     return model
+
+
+def read_events(folder: Path, steps: bool = False) -> dict:
+    """{tag: [values]} of every summary in the event files of `folder` ([(step, value)] with
+    `steps`)."""
+    values = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                array = tf.make_ndarray(value.tensor)
+                values.setdefault(value.tag, []).append((event.step, array) if steps else array)
+    return values
+
+
+def write_config(config: ExperimentConfig, path: Path) -> Path:
+    config.to_yaml(path)
+    return path
+
+
+def snapshot(folder: Path) -> dict:
+    """{path: (mtime, bytes)} of every file and folder under `folder`."""
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.is_file() and p.read_bytes())
+            for p in sorted(folder.rglob("*"))}

@@ -1,0 +1,153 @@
+"""Resuming and extending training runs: a run killed with SIGKILL resumes where it stopped and
+ends with the weights of the uninterrupted run, a larger train.epochs extends a finished run as
+if it had never stopped, a damaged checkpoint is named and training goes on from the one before,
+and the training stream restarts at the batch where it stopped."""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from keras_transformer import data as data_lib
+from keras_transformer import training
+from keras_transformer.config import ExperimentConfig
+from keras_transformer.runs import Run
+from keras_transformer.tokenizers import load_tokenizers
+from helpers import read_events, write_config
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+
+
+def assert_same_weights(run_dir: Path, other_dir: Path, weights="last") -> None:
+    got = Run(run_dir).load_model(weights).get_weights()
+    for got_array, want in zip(got, Run(other_dir).load_model("last").get_weights()):
+        np.testing.assert_array_equal(got_array, want)
+
+
+def resumable_config(tiny_experiment, epochs: int) -> ExperimentConfig:
+    """The run the resume tests stop and continue: 2 steps per epoch on one device, with
+    dropout (0.1), and validation BLEU on 4 sentences (so best weights are tracked)."""
+    return tiny_experiment(epochs=epochs, steps_per_epoch=2, strategy="one_device",
+                           validation_bleu_sentences=4)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(tiny_experiment, tmp_path_factory):
+    """`resumable_config` trained for 3 epochs in one go."""
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    training.train(resumable_config(tiny_experiment, 3), run_dir, verbose=0)
+    return run_dir
+
+
+def test_a_larger_epochs_extends_a_run_as_if_it_had_never_stopped(uninterrupted_run,
+                                                                  tiny_experiment, tmp_path,
+                                                                  capsys):
+    """One epoch, then train.epochs=3 on the same folder: epochs 2 and 3 follow with the
+    optimizer's step count and moments, dropout's seeds and the training stream where epoch 1
+    left them, so the weights equal those of the run trained for 3 epochs in one go."""
+    run_dir = tmp_path / "run"
+    training.train(resumable_config(tiny_experiment, 1), run_dir, verbose=0)
+    capsys.readouterr()
+    history = training.train(resumable_config(tiny_experiment, 3), run_dir, verbose=0)
+    assert ("keras-transformer train: resuming at epoch 2, optimizer step 2 (1 replica(s), "
+            "float32)") in capsys.readouterr().out
+    assert history.epoch == [1, 2]
+    assert int(history.model.optimizer.iterations.numpy()) == 6
+    run = Run(run_dir)
+    assert (run.state()["epoch"], run.state()["optimizer_step"]) == (3, 6)
+    assert run.config.train.epochs == 3
+    assert [p.name for p in run.epoch_checkpoints()] == [
+        "epoch_001.weights.h5", "epoch_002.weights.h5", "epoch_003.weights.h5"]
+    assert len(read_events(run_dir / "logs" / "validation")["epoch_bleu"]) == 3
+    assert_same_weights(run_dir, uninterrupted_run)
+
+
+def test_a_damaged_checkpoint_is_named_and_training_goes_on_from_the_one_before(
+        uninterrupted_run, tiny_experiment, tmp_path, capsys, caplog):
+    """The newest checkpoint truncated (what a failing disk or a careless copy leaves; a kill
+    cannot: files are renamed into place whole): extending the run says which file is damaged,
+    resumes from epoch 2's checkpoint, and trains epoch 3 again to the same weights."""
+    import logging
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted_run, run_dir)
+    checkpoint = run_dir / "checkpoints" / "epoch_003.weights.h5"
+    truncate(checkpoint)
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+        history = training.train(resumable_config(tiny_experiment, 4), run_dir, verbose=0)
+    assert f"{checkpoint} is damaged (Unable to synchronously open file (truncated" in caplog.text
+    assert (f"resuming from {run_dir / 'checkpoints' / 'epoch_002.weights.h5'}, the newest "
+            "checkpoint that loads (damaged: epoch_003.weights.h5)") in caplog.text
+    assert "resuming at epoch 3, optimizer step 4" in capsys.readouterr().out
+    assert history.epoch == [2, 3]
+    assert Run(run_dir).state()["epoch"] == 4
+    assert_same_weights(run_dir, uninterrupted_run, weights=checkpoint)
+
+
+def test_a_killed_run_resumes_where_it_stopped_and_ends_as_if_never_killed(
+        uninterrupted_run, tiny_experiment, tmp_path):
+    """SIGKILL once epoch 1 is recorded; the same command resumes from the newest checkpoint
+    (optimizer step and moments, dropout's seeds) at the batch of the training stream where
+    that epoch ended, and ends with exactly the weights of the run trained without a kill (in
+    this process: the same CPU kernels on the same batches give the same floats)."""
+    config_path = write_config(resumable_config(tiny_experiment, 3), tmp_path / "exp.yaml")
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "keras_transformer.cli", "train", "--config",
+               str(config_path), "--output", str(run_dir), "--progress", "2"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=env)
+    state = run_dir / "state.json"
+    deadline = time.time() + 400
+    while not state.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert state.exists(), "no epoch was recorded before the deadline"
+    assert json.loads(state.read_text())["epoch"] < 3, "the run ended before it was killed"
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    line = next(l for l in resumed.stdout.splitlines() if "keras-transformer train: " in l)
+    epoch = int(line.split("resuming at epoch ")[1].split(",")[0])
+    step = int(line.split("optimizer step ")[1].split()[0])
+    assert epoch in (2, 3) and step == 2 * (epoch - 1), line
+    assert line.endswith("(1 replica(s), float32)"), line
+    assert Run(run_dir).state()["epoch"] == 3
+    assert not list(run_dir.rglob(".partial-*"))
+    assert_same_weights(run_dir, uninterrupted_run)
+
+
+def test_the_training_stream_resumed_at_a_batch_reads_what_the_uninterrupted_one_read(
+        sentencepiece_vocab, multi30k_config):
+    """What makes a resumed run see the uninterrupted run's batches: the stream from batch N,
+    built anew (as in a new process), equals the whole stream from its N-th batch, across pass
+    boundaries; each pass is shuffled anew."""
+    config = multi30k_config(tokens_per_batch=1024, max_pair_length=32)
+    pairs = data_lib.load_pairs(config, "train").take(2000)
+    tokenizers = load_tokenizers(*sentencepiece_vocab)
+
+    def fingerprints(stream, count):
+        return [hashlib.sha1(source.numpy().tobytes() + target.numpy().tobytes()).hexdigest()
+                for (source, _), target in stream.take(count)]
+
+    def new_stream(seed=7):
+        return data_lib.TrainingStream(pairs, *tokenizers, config, seed=seed)
+
+    length = new_stream().pass_length()
+    whole = fingerprints(new_stream().batches(), 2 * length + 3)
+    for start in (3, length, length + 2):
+        assert fingerprints(new_stream().batches(start), 3) == whole[start:start + 3], start
+    assert set(whole[:length]) != set(whole[length:2 * length])  # another shuffle, other batches
+    assert fingerprints(new_stream(seed=8).batches(), 3) != whole[:3]
