@@ -36,7 +36,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the sibling benchmark scripts
-from scale import load_sibling, machine  # noqa: E402
+from scale import corpus_overrides, load_sibling, machine  # noqa: E402
 
 FLOP_SAMPLE_BATCHES = 50
 
@@ -45,11 +45,8 @@ def fit_config(args):
     """--config on --corpus, --set applied, trained for one epoch of --steps optimizer steps."""
     from keras_transformer.config import ExperimentConfig
 
-    overrides = ["data.dataset=files", f"data.data_dir={args.corpus}", "data.train_split=train",
-                 "data.validation_split=validation", "data.test_split=test",
-                 *([f"data.vocab_dir={args.vocab_dir}"] if args.vocab_dir else []),
-                 *(args.set or [])]
-    config = ExperimentConfig.from_yaml(args.config, overrides)
+    config = ExperimentConfig.from_yaml(
+        args.config, [*corpus_overrides(args.corpus, args.vocab_dir), *(args.set or [])])
     train = dataclasses.replace(
         config.train, epochs=1, steps_per_epoch=args.steps * config.train.accumulate_steps,
         log_every_steps=args.log_every, validation_bleu_sentences=0)
@@ -86,12 +83,12 @@ def steady_rates(windows: list[dict]) -> dict:
             "windows": len(windows) - 1}
 
 
-def flops_per_target_token(run) -> float:
-    """Model FLOPs of a training step per real target token, over the first batches of the
-    run's own training input (its tokenizers, buckets and batch size)."""
+def flops_per_target_token(run, train_benchmark) -> float:
+    """Model FLOPs of a training step per real target token (`benchmarks/train.py`'s count),
+    over the first batches of the run's own training input (its tokenizers, buckets and batch
+    size)."""
     from keras_transformer import data as data_lib
 
-    train_benchmark = load_sibling("train")
     config = run.config
     source, target = run.tokenizers()
     batches = data_lib.make_batches(data_lib.load_pairs(config.data, config.data.train_split),
@@ -106,21 +103,17 @@ def flops_per_target_token(run) -> float:
 
 def run_fit(args) -> dict:
     """Measures the peaks, trains, reads the run back; returns the figures."""
-    import keras
-
     from keras_transformer import training
     from keras_transformer.runs import Run
 
     train_benchmark = load_sibling("train")
     peaks = {dtype: train_benchmark.measure_matmul_peak(dtype)
              for dtype in ("float32", "bfloat16")}
-    config = fit_config(args)
-    training.train(config, args.run_dir, verbose=2, overwrite=True)
+    history = training.train(fit_config(args), args.run_dir, verbose=2, overwrite=True)
     run = Run(args.run_dir)
     rates = steady_rates(step_windows(run.logs_dir / "train_steps"))
-    flops = flops_per_target_token(run)
+    flops = flops_per_target_token(run, train_benchmark)
     model = run.config.model
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before loading a copy
     achieved = rates["target_tokens_per_second"] * flops
     return {
         "machine": machine(), "argv": sys.argv, "config": args.config,
@@ -133,8 +126,8 @@ def run_fit(args) -> dict:
         "flops_per_target_token": flops,
         "peak_flops": peaks,
         "mfu": {dtype: achieved / peak for dtype, peak in peaks.items()},
-        "params": int(sum(keras.ops.size(w) for w in run.load_model("last").weights)),
-        "peak_mb": peak_mb,
+        "params": history.model.count_params(),
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
 

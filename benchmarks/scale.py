@@ -86,14 +86,20 @@ def cpu_seconds() -> float:
 
 # ----------------------------------------------------------------------------- stages (children)
 
+def corpus_overrides(corpus, vocab=None) -> list[str]:
+    """The config overrides that read a corpus of `make_corpus.py` (the `files` layout, splits
+    train / validation / test) and, if given, the built vocabulary `vocab`."""
+    return ["data.dataset=files", f"data.data_dir={corpus}", "data.train_split=train",
+            "data.validation_split=validation", "data.test_split=test",
+            *([f"data.vocab_dir={vocab}"] if vocab else [])]
+
+
 def experiment(args, **data_values):
     """The experiment of --config on the corpus --corpus with the vocabulary --vocab, --set
     overrides applied, then `data_values`."""
     from keras_transformer.config import ExperimentConfig
 
-    overrides = ["data.dataset=files", f"data.data_dir={args.corpus}", "data.train_split=train",
-                 "data.validation_split=validation", "data.test_split=test",
-                 f"data.vocab_dir={args.vocab}", *(args.set or [])]
+    overrides = [*corpus_overrides(args.corpus, args.vocab), *(args.set or [])]
     config = ExperimentConfig.from_yaml(args.config, overrides)
     return dataclasses.replace(config, data=dataclasses.replace(config.data, **data_values))
 

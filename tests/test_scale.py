@@ -11,6 +11,7 @@ import pytest
 
 from keras_transformer.config import REPO_ROOT
 from keras_transformer.data import check_parallel_files, split_files
+from keras_transformer.runs import Run
 from helpers import load_benchmark
 
 
@@ -192,6 +193,7 @@ def test_fit_trains_the_experiment_on_a_corpus_and_reads_its_run_back(multi30k_d
         figures["target_tokens_per_second"] * figures["flops_per_target_token"]
         / figures["peak_flops"]["bfloat16"])
     assert figures["peak_mb"] > 100
+    assert figures["params"] == Run(tmp_path / "run").load_model("last").count_params()
     state = json.loads((tmp_path / "run" / "state.json").read_text())
     assert (state["epoch"], state["optimizer_step"]) == (1, 3)  # a real run folder
     assert "wmt14_en_de_big.yaml (wmt14_en_de_big: 2 layers" in result.stdout
