@@ -12,7 +12,9 @@ layers (the one source of truth, read once per batch) and
 - keeps head-major caches `[batch, heads, length, head_dim]` and reshapes, never transposes, the
   one new position (`[batch, d_model]` is `[batch, heads, 1, head_dim]` in memory);
 - projects the encoder output's cross-attention keys/values once per batch (fused k|v);
-- computes LayerNorm as Keras does (mean and variance, then one scale and one offset).
+- computes LayerNorm as Keras does (mean and variance, then one scale and one offset);
+- multiplies float32 matrices with Eigen's kernel rather than oneDNN's (see `_matmul`), except
+  for the output projection, whose `[d_model, vocab]` kernel is large enough for oneDNN to win.
 
 `EncoderPass` does the same for the encoder (one fused q|k|v matmul per layer over the
 `[batch * source_len, d_model]` rows instead of Keras' three einsums and their transposes).
@@ -101,8 +103,10 @@ class DecoderStep:
         if model.final_layer is not None:
             weights["logits_kernel"] = value(model.final_layer.kernel)  # [d, vocab]
             weights["logits_bias"] = value(model.final_layer.bias)
-        else:  # the shared embedding matrix, read transposed by the matmul
-            weights["logits_embeddings"] = value(embedding.token_embedding.embeddings)
+        else:  # the shared embedding matrix, transposed once per batch: oneDNN's matmul
+            # reads a [d, vocab] kernel faster than a transposed [vocab, d] one
+            weights["logits_embeddings_t"] = tf.transpose(
+                value(embedding.token_embedding.embeddings))  # [d, vocab]
         return weights
 
     # ------------------------------------------------------------------ per batch
@@ -115,7 +119,7 @@ class DecoderStep:
         flat = tf.reshape(tf.cast(context, self.dtype), [-1, self.d_model])  # [batch * len, d]
         layers = []
         for layer in weights["layers"]:
-            kv = tf.nn.bias_add(tf.matmul(flat, layer["cross_kv_kernel"]), layer["cross_kv_bias"])
+            kv = _matmul(flat, layer["cross_kv_kernel"]) + layer["cross_kv_bias"]
             kv = tf.reshape(kv, [batch, length, 2, self.num_heads, self.head_dim])
             kv = tf.transpose(kv, [2, 0, 3, 1, 4])  # [2, batch, heads, len, head_dim]
             layers.append({"key": kv[0], "value": kv[1]})
@@ -162,7 +166,7 @@ class DecoderStep:
         for layer, layer_cache, layer_memory in zip(weights["layers"], cache, memory["layers"]):
             # Masked self-attention over the cache and the new position.
             h = _layer_norm(x, layer["self_norm"]) if self.pre_norm else x
-            qkv = tf.nn.bias_add(tf.matmul(h, layer["qkv_kernel"]), layer["qkv_bias"])
+            qkv = _matmul(h, layer["qkv_kernel"]) + layer["qkv_bias"]
             q, k, v = tf.split(qkv, 3, axis=1)  # [batch, d] each
             q, k, v = (tf.reshape(t, head_shape) for t in (q, k, v))  # [batch, heads, 1, dim]
             if growing:
@@ -174,22 +178,22 @@ class DecoderStep:
                 value = layer_cache["value"] * (1 - write) + v * write
                 y = self._attend(q, key, value, self_mask)
             new_cache.append({"key": key, "value": value})
-            y = tf.nn.bias_add(tf.matmul(y, layer["self_out_kernel"]), layer["self_out_bias"])
+            y = _matmul(y, layer["self_out_kernel"]) + layer["self_out_bias"]
             x = x + y if self.pre_norm else _layer_norm(x + y, layer["self_norm"])
             # Cross-attention over the precomputed encoder keys/values.
             h = _layer_norm(x, layer["cross_norm"]) if self.pre_norm else x
-            q = tf.nn.bias_add(tf.matmul(h, layer["cross_q_kernel"]), layer["cross_q_bias"])
+            q = _matmul(h, layer["cross_q_kernel"]) + layer["cross_q_bias"]
             y = self._attend(tf.reshape(q, head_shape), layer_memory["key"],
                              layer_memory["value"], memory["mask"])
-            y = tf.nn.bias_add(tf.matmul(y, layer["cross_out_kernel"]), layer["cross_out_bias"])
+            y = _matmul(y, layer["cross_out_kernel"]) + layer["cross_out_bias"]
             x = x + y if self.pre_norm else _layer_norm(x + y, layer["cross_norm"])
             x = _feed_forward(x, layer, self.pre_norm)
         if "final_norm" in weights:
             x = _layer_norm(x, weights["final_norm"])
         if "logits_kernel" in weights:
-            logits = tf.nn.bias_add(tf.matmul(x, weights["logits_kernel"]), weights["logits_bias"])
+            logits = tf.matmul(x, weights["logits_kernel"]) + weights["logits_bias"]
         else:
-            logits = tf.matmul(x, weights["logits_embeddings"], transpose_b=True)
+            logits = tf.matmul(x, weights["logits_embeddings_t"])
         if logits.dtype != tf.float32:
             logits = tf.cast(logits, tf.float32)
         return logits, new_cache
@@ -258,12 +262,12 @@ class EncoderPass:
         mask = source_mask[:, None, None, :]  # [batch, 1, 1, len]
         for layer in weights["layers"]:
             h = _layer_norm(x, layer["self_norm"]) if self.pre_norm else x
-            qkv = tf.nn.bias_add(tf.matmul(h, layer["qkv_kernel"]), layer["qkv_bias"])
+            qkv = _matmul(h, layer["qkv_kernel"]) + layer["qkv_bias"]
             qkv = tf.transpose(tf.reshape(qkv, [batch, length, 3, heads, head_dim]),
                                [2, 0, 3, 1, 4])  # [3, batch, heads, len, head_dim]
             y = _attention(qkv[0], qkv[1], qkv[2], mask)  # [batch, heads, len, head_dim]
             y = tf.reshape(tf.transpose(y, [0, 2, 1, 3]), [-1, d])
-            y = tf.nn.bias_add(tf.matmul(y, layer["self_out_kernel"]), layer["self_out_bias"])
+            y = _matmul(y, layer["self_out_kernel"]) + layer["self_out_bias"]
             x = x + y if self.pre_norm else _layer_norm(x + y, layer["self_norm"])
             x = _feed_forward(x, layer, self.pre_norm)
         if "final_norm" in weights:
@@ -298,8 +302,8 @@ def _embedding_weights(embedding, layers: list) -> dict:
 def _feed_forward(x, layer: dict, pre_norm: bool):
     """The feed-forward sublayer with its residual connection and norm: `[rows, d_model]`."""
     h = _layer_norm(x, layer["ffn_norm"]) if pre_norm else x
-    h = tf.nn.relu(tf.nn.bias_add(tf.matmul(h, layer["inner_kernel"]), layer["inner_bias"]))
-    y = tf.nn.bias_add(tf.matmul(h, layer["outer_kernel"]), layer["outer_bias"])
+    h = tf.nn.relu(_matmul(h, layer["inner_kernel"]) + layer["inner_bias"])
+    y = _matmul(h, layer["outer_kernel"]) + layer["outer_bias"]
     return x + y if pre_norm else _layer_norm(x + y, layer["ffn_norm"])
 
 
@@ -321,15 +325,33 @@ def _attention(q, key, value, mask):
     """Scaled dot-product attention of pre-scaled `q` `[batch, heads, q_len, dim]` over
     `key`/`value` `[batch, heads, len, dim]`; `mask` bool broadcastable to `[batch, heads,
     q_len, len]` or None. Returns `[batch, heads, q_len, dim]`."""
-    logits = tf.matmul(q, key, transpose_b=True)  # [batch, heads, q_len, len]
+    logits = _matmul(q, key, transpose_b=True)  # [batch, heads, q_len, len]
     if logits.dtype != tf.float32:
         logits = tf.cast(logits, tf.float32)
     if mask is not None:
         logits = tf.where(mask, logits, _LARGE_NEGATIVE)
-    probs = tf.nn.softmax(logits)
+    # Softmax's arithmetic in element-wise ops: oneDNN's Softmax kernel, which TensorFlow
+    # substitutes for tf.nn.softmax, costs more per call on the loop's small, changing shapes.
+    exp = tf.exp(logits - tf.reduce_max(logits, axis=-1, keepdims=True))
+    probs = exp / tf.reduce_sum(exp, axis=-1, keepdims=True)
     if probs.dtype != value.dtype:
         probs = tf.cast(probs, value.dtype)
-    return tf.matmul(probs, value)
+    return _matmul(probs, value)
+
+
+def _matmul(a, b, transpose_b=False):
+    """`a @ b` (`b` transposed in its last two axes if `transpose_b`), batched over leading axes.
+
+    Float32 operands go to the Eigen kernel of `BatchMatMulV3`, which TensorFlow's oneDNN graph
+    rewrite leaves alone; it rewrites MatMul and BatchMatMulV2 into oneDNN kernels that pay, at
+    every call, for a primitive per new shape and for reordering weights that are not graph
+    constants. The decoding loop makes new shapes at every step (the self-attention cache grows,
+    finished sentences leave the batch) on small matrices, where that cost dominates. Bfloat16
+    keeps `tf.matmul`, whose oneDNN kernels use the CPU's bfloat16 units.
+    """
+    if a.dtype != tf.float32:
+        return tf.matmul(a, b, transpose_b=transpose_b)
+    return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=tf.float32, adj_y=transpose_b)
 
 
 def _layer_norm(x, norm):
