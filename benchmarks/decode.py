@@ -251,10 +251,14 @@ def main(argv=None) -> int:
         print(json.dumps(row_process(spec)))
         return 0
     args = parse_args(argv)
+    from keras_transformer.config import ConfigError
     from keras_transformer.runs import Run
     from keras_transformer.translator import translator_from_run
 
-    translator = translator_from_run(args.run, weights=args.weights, beam_size=args.beam)
+    try:
+        translator = translator_from_run(args.run, weights=args.weights, beam_size=args.beam)
+    except ConfigError as error:
+        raise SystemExit(f"decode.py: {error}") from None
     config = Run(args.run).config
     alphas = ([float(a) for a in args.alphas.split(",")] if args.alphas
               else sorted({config.decode.alpha, 0.6}, reverse=True))

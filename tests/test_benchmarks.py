@@ -175,3 +175,10 @@ def test_decode_rows_put_the_reference_first_and_beam_rows_per_alpha(decode_benc
                    ("savedmodel", "beam", 1.4, "savedmodel_1.4"),
                    ("ct2_float32", "beam", 0.6, "ct2_float32_0.6"),
                    ("savedmodel", "beam", 0.6, "savedmodel_0.6")]
+
+
+def test_decode_names_a_folder_that_is_not_a_run(decode_bench, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        decode_bench.main(["--run", str(tmp_path), "--data-dir", str(tmp_path)])
+    assert str(exit_info.value) == (f"decode.py: {tmp_path} is not a training run "
+                                    "(config.yaml not found)")
