@@ -59,6 +59,9 @@ def parse_args(argv=None):
     parser.add_argument("--stopping", choices=("exact", "beam_full"), default=None,
                         help="the SavedModel's beam stopping rule (default: the run's "
                              "decode.stopping)")
+    parser.add_argument("--patience", type=float, default=None,
+                        help="the SavedModel's beam_full patience (default: the run's "
+                             "decode.patience)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per row")
     parser.add_argument("--output", help="also write the rows as JSON to this file")
     args = parser.parse_args(argv)
@@ -152,7 +155,8 @@ def export_variants(args, translator, root: Path, alphas: list[float]) -> dict:
 
     paths = {}
     for alpha in alphas:
-        decode_config = _with_alpha(translator.decode_config, alpha, args.stopping)
+        decode_config = _with_alpha(translator.decode_config, alpha, args.stopping,
+                                    args.patience)
         for variant in args.variants:
             path = root / f"{variant}_{alpha}"
             if variant.startswith("savedmodel"):
@@ -170,11 +174,19 @@ def export_variants(args, translator, root: Path, alphas: list[float]) -> dict:
     return paths
 
 
-def _with_alpha(decode_config, alpha, stopping=None):
+def _rule(args, decode) -> str:
+    """The SavedModel rows' stopping rule, e.g. "beam_full, patience 2"."""
+    stopping = args.stopping or decode.stopping
+    patience = decode.patience if args.patience is None else args.patience
+    return stopping + (f", patience {patience:g}" if stopping == "beam_full" else "")
+
+
+def _with_alpha(decode_config, alpha, stopping=None, patience=None):
     import dataclasses
 
-    return dataclasses.replace(decode_config, alpha=alpha,
-                               stopping=stopping or decode_config.stopping)
+    return dataclasses.replace(
+        decode_config, alpha=alpha, stopping=stopping or decode_config.stopping,
+        patience=decode_config.patience if patience is None else patience)
 
 
 # ----------------------------------------------------------------------------- the table
@@ -268,7 +280,8 @@ def main(argv=None) -> int:
                 if line.startswith("Model name")), "unknown CPU")
     print(f"run {args.run} ({args.weights} weights); {len(sentences)} sentences of "
           f"test_2016_flickr.{config.data.source_lang}; batch {args.batch_size}; beam "
-          f"{args.beam}; alphas {alphas}; stopping {args.stopping or config.decode.stopping}; median of {args.repeats} passes after a warm-up; "
+          f"{args.beam}; alphas {alphas}; stopping {_rule(args, config.decode)}; median of "
+          f"{args.repeats} passes after a warm-up; "
           f"{cpu}; load average {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="decode_bench_") as root:
         paths = export_variants(args, translator, Path(root), alphas)

@@ -300,17 +300,32 @@ def _tune_search(args) -> int:
     translator = translator_from_run(args.run_dir, weights=args.weights)
     tuned = tune_search(translator, sources, references, args.beam, args.alpha,
                         batch_size=args.batch_size, workers=args.workers,
-                        stoppings=args.stopping)
+                        stoppings=args.stopping, patiences=args.patience)
     for row in tuned["results"]:
-        print(f"beam {row['beam_size']} alpha {row['alpha']:g} stopping {row['stopping']}: "
+        print(f"beam {row['beam_size']} alpha {row['alpha']:g} stopping {_rule(row)}: "
               f"BLEU {row['bleu']:.2f} chrF {row['chrf']:.2f}", flush=True)
     best = tuned["best"]
+    patience = "" if best["patience"] is None else f" --patience {best['patience']:g}"
     print(f"best: --beam {best['beam_size']} --alpha {best['alpha']:g} --stopping "
-          f"{best['stopping']} (BLEU {best['bleu']:.2f}, {tuned['bleu_signature']})")
+          f"{best['stopping']}{patience} (BLEU {best['bleu']:.2f}, {tuned['bleu_signature']})")
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             json.dump(tuned, f, indent=1)
     return 0
+
+
+def _rule(row: dict) -> str:
+    return row["stopping"] + ("" if row["patience"] is None else f" patience {row['patience']:g}")
+
+
+def _patiences(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
+    if not all(value >= 1 for value in values):
+        raise argparse.ArgumentTypeError(f"{text}: every patience must be >= 1")
+    return values
 
 
 def _positive_ints(text: str) -> list[int]:
@@ -478,6 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--stopping", type=_stopping_rules, default=None, metavar="RULE[,RULE...]",
                       help="beam stopping rules to try: exact, beam_full (default: the run's "
                            "decode.stopping)")
+    tune.add_argument("--patience", type=_patiences, default=None, metavar="P[,P...]",
+                      help="with beam_full: stop after P x beam finished hypotheses; values "
+                           "to try (default: the run's decode.patience)")
     tune.add_argument("--batch-size", type=_positive_int, default=64,
                       help="sentences per batch (default: 64)")
     tune.add_argument("--workers", type=_positive_int, default=1,

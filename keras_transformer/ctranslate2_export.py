@@ -131,6 +131,9 @@ def export_settings(model: Transformer, decode_config: DecodeConfig, quantizatio
     return {
         "beam_size": decode_config.beam_size,
         "alpha": decode_config.alpha,
+        # CTranslate2's own beam search waits for patience x beam finished hypotheses, as
+        # decode.stopping "beam_full" does; "exact" has no patience (1 is CTranslate2's default).
+        "patience": decode_config.patience if decode_config.stopping == "beam_full" else 1.0,
         "max_extra_length": decode_config.max_extra_length,
         "max_positions": positions,
         "max_source_length": min(max_source_length or positions, positions),
@@ -295,8 +298,8 @@ class CTranslate2Translator:
       batch, with the batch's longest output cap (each output is then cut at its own cap, as
       `Translator` stops it; the rare output that runs into its cap keeps the longer search's
       score); beam search returns the `beam_size` hypotheses CTranslate2 finishes first
-      (length penalty 0, so by log P), re-ranked by log P / lp: the best one is usually, not
-      always, `Translator`'s.
+      (length penalty 0, so by log P; with the export's patience), re-ranked by log P / lp:
+      the best one is usually, not always, `Translator`'s.
     - "exact": asks CTranslate2 for every hypothesis it finishes, ranks them by log P / lp and
       stops as `decoding.beam_search` does (see `_beam`), and decodes sentences in groups of
       equal cap (CTranslate2 takes one length limit per call): `Translator`'s results exactly,
@@ -332,6 +335,7 @@ class CTranslate2Translator:
             inter_threads=inter_threads, intra_threads=intra_threads)
         self.beam_size = int(self.settings["beam_size"])
         self.alpha = float(self.settings["alpha"])
+        self.patience = float(self.settings.get("patience", 1.0))  # older exports: the default
         self.max_extra_length = int(self.settings["max_extra_length"])
         self.max_positions = int(self.settings["max_positions"])
         self.max_source_length = int(self.settings.get("max_source_length", self.max_positions))
@@ -429,10 +433,11 @@ class CTranslate2Translator:
                 for hypotheses in ranked]
 
     def _native_beam(self, sources: list[list[str]], cap: int) -> list:
-        """CTranslate2's own beam search; its `beam_size` hypotheses re-ranked by log P / lp."""
+        """CTranslate2's own beam search with the export's patience; its `beam_size` hypotheses
+        re-ranked by log P / lp."""
         results = self.translator.translate_batch(
             sources, beam_size=self.beam_size, num_hypotheses=self.beam_size,
-            max_decoding_length=cap, **self.options)
+            patience=self.patience, max_decoding_length=cap, **self.options)
         ranked = [self._rank(self._hypotheses(result)) for result in results]
         return [hypotheses + [([], NEG_INF)] * (self.beam_size - len(hypotheses))
                 for hypotheses in ranked]

@@ -30,6 +30,8 @@ lp(Y) = ((5 + |Y|) / 6) ** alpha, where |Y| counts the generated tokens includin
 
 from __future__ import annotations
 
+import math
+
 import tensorflow as tf
 
 from keras_transformer.tokenizers import PAD_ID  # written after END
@@ -39,10 +41,11 @@ from keras_transformer.tokenizers import PAD_ID  # written after END
 STOPPING_RULES = {
     "exact": ("a sentence stops when its finished set is full and no alive hypothesis can beat "
               "the worst finished one (exact bound, lp at the length cap), or at its cap"),
-    "beam_full": ("a sentence stops once beam-size hypotheses have finished (fairseq's and "
-                  "CTranslate2's rule), or at its cap"),
+    "beam_full": ("a sentence stops once patience x beam-size hypotheses have finished "
+                  "(fairseq's and CTranslate2's rule; patience 1 is their default), when the "
+                  "exact bound holds, or at its cap"),
 }
-STOPPING_RULE = STOPPING_RULES["exact"]  # the default
+
 # Log-probability of impossible hypotheses. Finite (as in tensorflow/models) so that arithmetic
 # on it never produces NaN; real sequence log-probabilities are assumed to stay above NEG_INF / 2.
 NEG_INF = -1e9
@@ -193,7 +196,8 @@ def _compact_greedy(next_tokens, initial_state, context, caps, start, empty_outp
 
 def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, max_decode_length,
                 alpha=0.6, start_id=1, end_id=2, length_caps=None, num_hypotheses=1,
-                state_shape_invariants=None, stopping="exact", context=None, compact=False):
+                state_shape_invariants=None, stopping="exact", patience=1.0, context=None,
+                compact=False):
     """Batched beam search with the GNMT length penalty; returns the n best hypotheses.
 
     Each step expands the `beam_size` alive hypotheses of a sentence by every token and keeps the
@@ -208,9 +212,11 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
       one: log-probabilities only decrease and, for alpha >= 0, lp is largest at the cap, so the
       best alive log P / lp(cap) bounds every future score (the early stopping of
       tensorflow/models). The result is what the search would return if it ran to the cap.
-    - "beam_full": as soon as `beam_size` hypotheses have finished (fairseq's and CTranslate2's
-      rule). A large alpha keeps the exact bound loose, so that sentences often run to their cap;
-      this rule's cost does not depend on alpha.
+    - "beam_full": as soon as `patience * beam_size` hypotheses have finished (rounded up;
+      patience 1 is fairseq's and CTranslate2's default rule, larger values are the patience
+      factor of Kasai et al. 2022, arXiv:2204.05424, CTranslate2's `patience`), or earlier
+      when the exact bound holds. A large alpha keeps the exact bound loose, so that sentences
+      often run to their cap; this rule's cost does not depend on alpha.
 
     Args:
         symbols_to_logits_fn: `(ids [batch * beam], step [], state) -> (logits [batch * beam,
@@ -235,6 +241,7 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
         state_shape_invariants: optional `tf.TensorShape`s in the structure of `initial_state`
             (batch dimension free), for state tensors whose shape changes from step to step.
         stopping: "exact" or "beam_full", see above.
+        patience: float >= 1, how many times `beam_size` hypotheses "beam_full" waits for.
         context: optional nested structure of tensors with leading dimension `batch` that the
             step function reads but never changes; tiled to the beams here and never reordered
             (only compacted).
@@ -255,6 +262,7 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
         finished_seq:    int32 `[batch, beam, max_decode_length]`.
         finished_scores: float32 `[batch, beam]`, log P / lp(length), best first, NEG_INF if empty.
         finished_flags:  bool `[batch, beam]`, whether a finished slot holds a hypothesis.
+        finished_count:  int32 `[batch]`, how many hypotheses have finished so far.
         done:            bool `[batch]`, the sentences whose search is over.
         state:           the step function's state, `[batch * beam, ...]`.
     With `compact`, these hold the sentences that are not done (`active` holds their rows; no
@@ -266,6 +274,9 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
         raise ValueError(f"alpha={alpha} must be >= 0 (early stopping relies on it)")
     if stopping not in STOPPING_RULES:
         raise ValueError(f"stopping={stopping!r} is not one of {', '.join(STOPPING_RULES)}")
+    if not patience >= 1:
+        raise ValueError(f"patience={patience} must be >= 1")
+    finished_needed = math.ceil(patience * beam_size)
     caps = _length_caps(length_caps, batch_size, max_decode_length)  # [batch]
     max_penalty = length_penalty(caps, alpha)  # [batch]
     has_context = context is not None
@@ -273,7 +284,7 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
         has_context) else ()  # an empty structure the loops can carry
 
     def expand(step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-               finished_flags, caps, max_penalty, state, context):
+               finished_flags, finished_count, caps, max_penalty, state, context):
         """One step for `n` sentences -> the new alive and finished sets, each sentence's
         `done` bool `[n]`, and the state reordered to follow the alive hypotheses."""
         flat_ids = tf.reshape(alive_ids, [-1])
@@ -319,15 +330,15 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
             tf.concat([finished_seq, top_seq], axis=1), finished_pos, batch_dims=1)
         finished_flags = tf.gather(
             tf.concat([finished_flags, new_flags], axis=1), finished_pos, batch_dims=1)
+        finished_count += tf.reduce_sum(tf.cast(new_flags, tf.int32), axis=1)
 
-        if stopping == "exact":
-            # finished_scores[:, -1] is NEG_INF until the finished set is full.
-            stop = alive_log_probs[:, 0] / max_penalty < finished_scores[:, -1]
-        else:  # beam_full
-            stop = finished_flags[:, -1]
+        # finished_scores[:, -1] is NEG_INF until the finished set is full.
+        stop = alive_log_probs[:, 0] / max_penalty < finished_scores[:, -1]
+        if stopping == "beam_full":  # or earlier, when nothing can change any more
+            stop |= finished_count >= finished_needed
         done = (length >= caps) | stop
         return (alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-                finished_flags, done, parents, state)
+                finished_flags, finished_count, done, parents, state)
 
     first_beam_only = tf.concat([[0.0], tf.fill([beam_size - 1], NEG_INF)], axis=0)  # [beam]
     start = (
@@ -338,6 +349,7 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
         tf.zeros([batch_size, beam_size, max_decode_length], tf.int32),
         tf.fill([batch_size, beam_size], NEG_INF),
         tf.zeros([batch_size, beam_size], tf.bool),
+        tf.zeros([batch_size], tf.int32),
     )
     initial_state = tf.nest.map_structure(lambda t: tile_beams(t, beam_size), initial_state)
     if compact:
@@ -346,15 +358,15 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
             max_decode_length, num_hypotheses, state_shape_invariants)
     else:
         def cond(step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-                 finished_flags, done, state):
+                 finished_flags, finished_count, done, state):
             return tf.logical_and(step < max_decode_length, tf.logical_not(tf.reduce_all(done)))
 
         def body(step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-                 finished_flags, done, state):
-            (alive_ids, alive_seq, alive_log_probs, new_seq, new_scores, new_flags, now_done,
-             parents, state) = expand(
+                 finished_flags, finished_count, done, state):
+            (alive_ids, alive_seq, alive_log_probs, new_seq, new_scores, new_flags,
+             finished_count, now_done, parents, state) = expand(
                 step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-                finished_flags, caps, max_penalty, state, context)
+                finished_flags, finished_count, caps, max_penalty, state, context)
             state = _gather_beams(state, parents, batch_size, beam_size)
             # A sentence that is done keeps its finished set (under "exact" nothing could enter
             # it any more; under "beam_full" a later candidate could, after the stop).
@@ -362,7 +374,7 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
             finished_scores = tf.where(done[:, tf.newaxis], finished_scores, new_scores)
             finished_flags = tf.where(done[:, tf.newaxis], finished_flags, new_flags)
             return (step + 1, alive_ids, alive_seq, alive_log_probs, finished_seq,
-                    finished_scores, finished_flags, done | now_done, state)
+                    finished_scores, finished_flags, finished_count, done | now_done, state)
 
         loop_vars = (tf.constant(0, tf.int32), *start, tf.zeros([batch_size], tf.bool),
                      initial_state)
@@ -385,14 +397,14 @@ def _compact_beam(expand, start, caps, max_penalty, state, context, batch_size, 
         return tf.logical_and(step < max_decode_length, tf.size(active) > 0)
 
     def body(step, active, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-             finished_flags, caps, max_penalty, state, context, result_seq, result_scores,
-             result_flags):
+             finished_flags, finished_count, caps, max_penalty, state, context, result_seq,
+             result_scores, result_flags):
         (alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores, finished_flags,
-         done, parents, state) = expand(
+         finished_count, done, parents, state) = expand(
             step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-            finished_flags, caps, max_penalty, state, context)
+            finished_flags, finished_count, caps, max_penalty, state, context)
         carried = (active, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-                   finished_flags, caps, max_penalty)
+                   finished_flags, finished_count, caps, max_penalty)
 
         def drop_done():
             # The n best of the sentences that are done go to the result...
@@ -429,7 +441,7 @@ def _compact_beam(expand, start, caps, max_penalty, state, context, batch_size, 
     loop_vars = (tf.constant(0, tf.int32), tf.range(batch_size), *start, caps, max_penalty,
                  state, context, result_seq, result_scores, result_flags)
     invariants = tf.nest.map_structure(
-        lambda t: tf.TensorShape([None, *t.shape[1:]]), loop_vars[1:10])
+        lambda t: tf.TensorShape([None, *t.shape[1:]]), loop_vars[1:11])
     invariants = (tf.TensorShape([]), *invariants,
                   _batch_free(state, state_shape_invariants), _batch_free(context),
                   result_seq.shape, result_scores.shape, result_flags.shape)

@@ -228,6 +228,7 @@ class Translator(tf.Module):
             step_function, cache, batch_size=batch_size,
             beam_size=beam_size, max_decode_length=max_decode_length,
             alpha=self.decode_config.alpha, stopping=self.decode_config.stopping,
+            patience=self.decode_config.patience,
             start_id=START_ID, end_id=END_ID, length_caps=length_caps,
             num_hypotheses=num_hypotheses, state_shape_invariants=invariants, context=memory,
             compact=self._compact)
@@ -248,7 +249,10 @@ class Translator(tf.Module):
     @property
     def stopping_rule(self) -> str:
         """How beam search decides a sentence is done (recorded in an export's provenance)."""
-        return decoding.STOPPING_RULES[self.decode_config.stopping]
+        rule = decoding.STOPPING_RULES[self.decode_config.stopping]
+        if self.decode_config.stopping == "beam_full":
+            rule += f"; patience {self.decode_config.patience:g}"
+        return rule
 
     @property
     def _growing_caches(self) -> bool:
@@ -332,7 +336,8 @@ def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
     decode_config = DecodeConfig(
         beam_size=config.decode.beam_size if beam_size is None else beam_size,
         alpha=config.decode.alpha if alpha is None else alpha,
-        max_extra_length=config.decode.max_extra_length, stopping=config.decode.stopping)
+        max_extra_length=config.decode.max_extra_length, stopping=config.decode.stopping,
+        patience=config.decode.patience)
     source_tokenizer, target_tokenizer = run.tokenizers()
     model = run.load_model(weights)
     return Translator(model, source_tokenizer, target_tokenizer, decode_config,
@@ -371,7 +376,8 @@ def translate_texts(translate: TranslateFn, sentences: Sequence[str], *,
 
 def tune_search(translator, sources: Sequence[str], references: Sequence[str],
                 beam_sizes: Sequence[int], alphas: Sequence[float], *, batch_size: int = 64,
-                workers: int = 1, stoppings: Sequence[str] | None = None) -> dict:
+                workers: int = 1, stoppings: Sequence[str] | None = None,
+                patiences: Sequence[float] | None = None) -> dict:
     """Cased sacreBLEU of beam search for every beam size, length penalty and stopping rule,
     on held-out pairs.
 
@@ -385,21 +391,27 @@ def tune_search(translator, sources: Sequence[str], references: Sequence[str],
         sources, references: line-aligned held-out sentences.
         beam_sizes, alphas: the grid; every setting is decoded once.
         stoppings: `decode.stopping` rules to try (default: the translator's).
+        patiences: `decode.patience` values to try with "beam_full" (default: the
+            translator's); "exact" has none.
 
     Returns:
-        {"results": [{"beam_size", "alpha", "stopping", "bleu", "chrf"}, ...] in
-         grid order (beam, then alpha, then rule), "best": the result with the highest BLEU
-         (the first of equals), "bleu_signature"}.
+        {"results": [{"beam_size", "alpha", "stopping", "patience", "bleu", "chrf"}, ...] in
+         grid order (beam, then alpha, then rule and patience; patience None for "exact"),
+         "best": the result with the highest BLEU (the first of equals), "bleu_signature"}.
     """
     if len(sources) != len(references):
         raise ValueError(f"{len(sources)} sources for {len(references)} references")
     if not beam_sizes or not alphas:
         raise ValueError("an empty grid: give at least one beam size and one alpha")
     stoppings = stoppings or [translator.decode_config.stopping]
+    patiences = patiences or [translator.decode_config.patience]
+    rules = [(stopping, patience) for stopping in stoppings
+             for patience in (patiences if stopping == "beam_full" else [None])]
     results, signature = [], None
-    for beam_size, alpha, stopping in itertools.product(beam_sizes, alphas, stoppings):
-        decode_config = dataclasses.replace(translator.decode_config, beam_size=beam_size,
-                                            alpha=alpha, stopping=stopping)
+    for beam_size, alpha, (stopping, patience) in itertools.product(beam_sizes, alphas, rules):
+        decode_config = dataclasses.replace(
+            translator.decode_config, beam_size=beam_size, alpha=alpha, stopping=stopping,
+            patience=translator.decode_config.patience if patience is None else patience)
         candidate = Translator(translator.model, translator.source_tokenizer,
                                translator.target_tokenizer, decode_config,
                                max_source_length=translator.max_source_length)
@@ -408,6 +420,6 @@ def tune_search(translator, sources: Sequence[str], references: Sequence[str],
         scores = score(hypotheses, references)
         signature = scores["bleu_signature"]
         results.append({"beam_size": beam_size, "alpha": alpha, "stopping": stopping,
-                        "bleu": scores["bleu"], "chrf": scores["chrf"]})
+                        "patience": patience, "bleu": scores["bleu"], "chrf": scores["chrf"]})
     return {"results": results, "best": max(results, key=lambda row: row["bleu"]),
             "bleu_signature": signature}

@@ -245,7 +245,9 @@ def test_every_numeric_setting_has_its_range_checked(cls, kwargs, message):
 
 
 def test_decode_stopping_rule_is_checked():
-    assert DecodeConfig().stopping == "exact"
+    assert (DecodeConfig().stopping, DecodeConfig().patience) == ("beam_full", 2.0)
+    with pytest.raises(ConfigError, match=r"decode.patience=0.5 must be >= 1"):
+        DecodeConfig(patience=0.5)
     assert DecodeConfig(stopping="beam_full").stopping == "beam_full"
     with pytest.raises(ConfigError, match="decode.stopping='never' is not one of 'exact', "
                                           "'beam_full'"):

@@ -44,7 +44,7 @@ SENTENCES = [
     "Leute",
     "Eine Gruppe von Menschen steht vor einem Iglu.",
 ]
-DECODE = DecodeConfig(beam_size=4, alpha=0.6, max_extra_length=8)
+DECODE = DecodeConfig(beam_size=4, alpha=0.6, max_extra_length=8, stopping="exact")
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_greedy_matches_translator(models, tmp_path):
 @pytest.mark.parametrize("alpha", [0.6, 1.4])
 def test_beam_matches_translator(models, alpha, tmp_path):
     model, tokenizer = models
-    decode_config = DecodeConfig(beam_size=4, alpha=alpha, max_extra_length=8)
+    decode_config = DecodeConfig(beam_size=4, alpha=alpha, max_extra_length=8, stopping="exact")
     translator = Translator(model, tokenizer, tokenizer, decode_config)
     ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2", decode_config))
     sources = tf.constant(SENTENCES)
@@ -143,7 +143,7 @@ def test_native_beam_reranks_ctranslate2s_own_hypotheses(models, tmp_path):
     hypotheses' candidates, so both give a translation for every source."""
     model, tokenizer = models
     folder = export(model, tokenizer, tmp_path / "ct2",
-                    DecodeConfig(beam_size=4, alpha=1.4, max_extra_length=8))
+                    DecodeConfig(beam_size=4, alpha=1.4, max_extra_length=8, stopping="exact"))
     native = CTranslate2Translator(folder)
     assert native.beam_rule == "native"
     calls = []
@@ -151,10 +151,15 @@ def test_native_beam_reranks_ctranslate2s_own_hypotheses(models, tmp_path):
     native.translator = type("Spy", (), {"translate_batch": lambda self, *a, **k: (
         calls.append(k), search(*a, **k))[1]})()
     nbest = native.beam_ids(SENTENCES)
-    assert all(call["num_hypotheses"] == 4 and "patience" not in call for call in calls)
+    assert all(call["num_hypotheses"] == 4 and call["patience"] == 1.0 for call in calls)
     for hypotheses in nbest:
         scores = [score for _, score in hypotheses]
         assert scores == sorted(scores, reverse=True) and len(hypotheses) == 4
+    # decode.stopping "beam_full" reaches CTranslate2 as its patience.
+    patient = CTranslate2Translator(export(
+        model, tokenizer, tmp_path / "ct2_patient",
+        DecodeConfig(beam_size=4, alpha=1.4, max_extra_length=8, patience=2.5)))
+    assert patient.patience == 2.5 and len(patient.beam_ids(SENTENCES)) == len(SENTENCES)
     with pytest.raises(ConfigError, match="beam_rule='fast' is not one of native, exact"):
         CTranslate2Translator(folder, beam_rule="fast")
 
@@ -184,7 +189,8 @@ def test_beam_rounds_give_the_search_to_the_cap(random_translation_model, tmp_pa
     finds what one search to the cap finds."""
     model, tokenizer = random_translation_model
     ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2",
-                                       DecodeConfig(beam_size=4, alpha=1.4, max_extra_length=8)))
+                                       DecodeConfig(beam_size=4, alpha=1.4, max_extra_length=8,
+                                                    stopping="exact")))
     for sentence in SENTENCES:
         pieces = ct2._source_pieces(sentence.encode("utf-8"))
         cap = ct2._cap(pieces)
@@ -409,7 +415,8 @@ def test_cli_exports_ctranslate2_and_translates_with_either_export(random_run, t
     code, out, _ = cli_run(capsys, monkeypatch, ["info", "--model", str(saved / "1")])
     record = json.loads(out)
     assert record["format"] == "savedmodel" and record["search"]["beam_size"] == 2
-    assert record["search"]["stopping"].startswith("exact (a sentence stops when")
+    assert record["search"]["stopping"].startswith("beam_full (a sentence stops once patience")
+    assert record["search"]["stopping"].endswith("; patience 2)")
     assert record["model"]["max_positions"] == 24 and "sources truncated" in record["length_rule"]
 
     code, _, err = cli_run(capsys, monkeypatch, ["export", "--run", str(random_run), "--format",

@@ -3,6 +3,8 @@
 import functools
 import itertools
 
+import math
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -89,20 +91,23 @@ def exhaustive_search(step_fn, sentence, vocab_size, cap, alpha):
     return sorted(results, key=lambda r: -r[0])
 
 
-def reference_beam_search(step_fn, sentence, vocab_size, beam_size, cap, alpha, stopping="exact"):
+def reference_beam_search(step_fn, sentence, vocab_size, beam_size, cap, alpha, stopping="exact",
+                          patience=1.0):
     """The beam search `decoding.beam_search` documents, written plainly in numpy."""
-    alive, finished = [(0.0, [START])], []
+    alive, finished, finished_count = [(0.0, [START])], [], 0
     for _ in range(cap):
         candidates = sorted(((log_p + step_fn.log_probs(sentence, prefix)[token], prefix + [token])
                              for log_p, prefix in alive for token in range(vocab_size)),
                             key=lambda c: -c[0])[:2 * beam_size]
         ends = [prefix[-1] == END or len(prefix) - 1 == cap for _, prefix in candidates]
-        finished += [(log_p / penalty(len(prefix) - 1, alpha), prefix[1:])
-                     for (log_p, prefix), end in zip(candidates[:beam_size], ends) if end]
-        finished = sorted(finished, key=lambda f: -f[0])[:beam_size]
+        new = [(log_p / penalty(len(prefix) - 1, alpha), prefix[1:])
+               for (log_p, prefix), end in zip(candidates[:beam_size], ends) if end]
+        finished_count += len(new)
+        finished = sorted(finished + new, key=lambda f: -f[0])[:beam_size]
         alive = [c for c, end in zip(candidates, ends) if not end][:beam_size]
         if not alive or (len(finished) == beam_size and (
-                stopping == "beam_full" or alive[0][0] / penalty(cap, alpha) < finished[-1][0])):
+                (stopping == "beam_full" and finished_count >= math.ceil(patience * beam_size))
+                or alive[0][0] / penalty(cap, alpha) < finished[-1][0])):
             break
     return finished
 
@@ -263,6 +268,42 @@ def test_beam_full_stopping_matches_numpy_reference(alpha):
             assert ids[sentence].numpy().tolist() == [padded(t, max_decode_length) for _, t in expected]
             np.testing.assert_allclose(scores[sentence], [s for s, _ in expected], rtol=1e-5)
     assert differs, "the two rules never disagree here: the test lost its edge"
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_beam_full_patience_matches_numpy_reference(compact):
+    """Patience p: a sentence stops once p x beam_size hypotheses have finished (or the exact
+    bound holds); a patience that never comes gives the exact rule's results."""
+    vocab_size, max_decode_length, batch_size, beam_size, alpha = 8, 7, 4, 3, 1.4
+    caps = [7, 4, 6, 2]
+    search = tf.function(decoding.beam_search)
+    outputs = {}
+    for seed in range(4):
+        step_fn = TableStep(seed, vocab_size, max_decode_length, scale=1.0)
+        kwargs = dict(batch_size=batch_size, beam_size=beam_size,
+                      max_decode_length=max_decode_length, alpha=alpha,
+                      length_caps=tf.constant(caps), num_hypotheses=beam_size, compact=compact)
+        for patience in (1.0, 1.5, 2.0, 100.0):
+            ids, scores = search(step_fn, step_fn.initial_state(batch_size),
+                                 stopping="beam_full", patience=patience, **kwargs)
+            outputs[seed, patience] = ids.numpy()
+            for sentence, cap in enumerate(caps):
+                expected = reference_beam_search(step_fn, sentence, vocab_size, beam_size, cap,
+                                                 alpha, stopping="beam_full", patience=patience)
+                assert ids[sentence].numpy().tolist() == [
+                    padded(t, max_decode_length) for _, t in expected]
+                np.testing.assert_allclose(scores[sentence], [s for s, _ in expected], rtol=1e-5)
+        exact_ids, _ = search(step_fn, step_fn.initial_state(batch_size), **kwargs)
+        np.testing.assert_array_equal(outputs[seed, 100.0], exact_ids)
+    assert any(not np.array_equal(outputs[seed, 1.0], outputs[seed, 2.0]) for seed in range(4)), (
+        "patience never changes the results here: the test lost its edge")
+
+
+def test_beam_search_rejects_a_patience_below_one():
+    step_fn = TableStep(0, 8, 4, scale=1.0)
+    with pytest.raises(ValueError, match="patience=0.5 must be >= 1"):
+        decoding.beam_search(step_fn, step_fn.initial_state(1), batch_size=1, beam_size=2,
+                             max_decode_length=4, stopping="beam_full", patience=0.5)
 
 
 def test_beam_model_score_at_least_greedy():

@@ -412,8 +412,8 @@ def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
 
 
 def test_cli_tune_search_compares_stopping_rules(varied_run_dir, tmp_path):
-    """`--stopping exact,beam_full` decodes each setting with each rule: a row per rule, scored
-    on that rule's own outputs."""
+    """`--stopping exact,beam_full --patience 1,2` decodes each setting with each rule: a row
+    per rule and patience, scored on that rule's own outputs."""
     import json
 
     from keras_transformer.evaluation import score
@@ -421,25 +421,33 @@ def test_cli_tune_search_compares_stopping_rules(varied_run_dir, tmp_path):
 
     sources = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt Fahrrad.", "Eine Frau singt."]
     base = translator_from_run(varied_run_dir, beam_size=3, alpha=1.5)
+    rules = [("exact", None), ("beam_full", 1.0), ("beam_full", 2.0)]
     outputs = {}
-    for rule in ("exact", "beam_full"):
+    for rule, patience in rules:
         translator = Translator(base.model, base.source_tokenizer, base.target_tokenizer,
-                                dataclasses.replace(base.decode_config, stopping=rule),
+                                dataclasses.replace(base.decode_config, stopping=rule,
+                                                    patience=patience or 1.0),
                                 max_source_length=base.max_source_length)
-        outputs[rule] = translate_texts(translator.translate_beam, sources)
-    references = outputs["beam_full"]
+        outputs[rule, patience] = translate_texts(translator.translate_beam, sources)
+    references = outputs["beam_full", 1.0]
     source, reference, output = tmp_path / "src", tmp_path / "ref", tmp_path / "search.json"
     source.write_text("\n".join(sources) + "\n")
     reference.write_text("\n".join(references) + "\n")
     code, out, err = run_cli(["tune-search", "--run", str(varied_run_dir), "--source", str(source),
                               "--reference", str(reference), "--beam", "3", "--alpha", "1.5",
-                              "--stopping", "exact,beam_full", "--output", str(output)])
+                              "--stopping", "exact,beam_full", "--patience", "1,2",
+                              "--output", str(output)])
     assert code == 0, err
     rows = json.loads(output.read_text())["results"]
-    assert [row["stopping"] for row in rows] == ["exact", "beam_full"]
+    assert [(row["stopping"], row["patience"]) for row in rows] == rules
     for row in rows:
-        assert row["bleu"] == score(outputs[row["stopping"]], references)["bleu"]
-    assert "beam 3 alpha 1.5 stopping beam_full: BLEU 100.00" in out
+        assert row["bleu"] == score(outputs[row["stopping"], row["patience"]], references)["bleu"]
+    assert "beam 3 alpha 1.5 stopping beam_full patience 1: BLEU 100.00" in out
+    assert "stopping beam_full patience 2: BLEU" in out
+    with pytest.raises(SystemExit), redirect_stderr(io.StringIO()) as err:
+        cli.main(["tune-search", "--run", str(varied_run_dir), "--source", str(source),
+                  "--reference", str(reference), "--patience", "2,0.5"])
+    assert "every patience must be >= 1" in err.getvalue()
 
 
 # Last in this file: training seeds TensorFlow (`keras.utils.set_random_seed`), which destroys the

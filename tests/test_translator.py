@@ -119,9 +119,11 @@ def test_stopping_rule_follows_the_config(random_translation_model):
     model, tokenizer = random_translation_model
     searches = {}
     for stopping in ("exact", "beam_full"):
-        config = DecodeConfig(beam_size=3, alpha=2.0, max_extra_length=8, stopping=stopping)
+        config = DecodeConfig(beam_size=3, alpha=2.0, max_extra_length=8, stopping=stopping,
+                              patience=1.0)
         searches[stopping] = Translator(model, tokenizer, tokenizer, config)
-        assert searches[stopping].stopping_rule == decoding.STOPPING_RULES[stopping]
+        assert searches[stopping].stopping_rule.startswith(decoding.STOPPING_RULES[stopping])
+    assert searches["beam_full"].stopping_rule.endswith("; patience 1")
     inputs = searches["exact"]._encode_inputs(tf.constant(SENTENCES))
     exact_ids, exact_scores = searches["exact"]._beam_ids(*inputs, 3)
     full_ids, full_scores = searches["beam_full"]._beam_ids(*inputs, 3)
