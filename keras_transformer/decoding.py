@@ -197,7 +197,7 @@ def _compact_greedy(next_tokens, initial_state, context, caps, start, empty_outp
 def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, max_decode_length,
                 alpha=0.6, start_id=1, end_id=2, length_caps=None, num_hypotheses=1,
                 state_shape_invariants=None, stopping="exact", patience=1.0, context=None,
-                compact=False):
+                tile_context=True, compact=False):
     """Batched beam search with the GNMT length penalty; returns the n best hypotheses.
 
     Each step expands the `beam_size` alive hypotheses of a sentence by every token and keeps the
@@ -245,6 +245,9 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
         context: optional nested structure of tensors with leading dimension `batch` that the
             step function reads but never changes; tiled to the beams here and never reordered
             (only compacted).
+        tile_context: False: the step function gets the context untiled, one row per sentence
+            for the `beam_size` consecutive rows of its ids (so that attention over it can
+            share the sentence's keys among its beams).
         compact: drop done sentences from the batch, as in `greedy_search` (not under XLA).
 
     Returns:
@@ -280,8 +283,10 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
     caps = _length_caps(length_caps, batch_size, max_decode_length)  # [batch]
     max_penalty = length_penalty(caps, alpha)  # [batch]
     has_context = context is not None
-    context = tf.nest.map_structure(lambda t: tile_beams(t, beam_size), context) if (
-        has_context) else ()  # an empty structure the loops can carry
+    if not has_context:
+        context = ()  # an empty structure the loops can carry
+    elif tile_context:
+        context = tf.nest.map_structure(lambda t: tile_beams(t, beam_size), context)
 
     def expand(step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
                finished_flags, finished_count, caps, max_penalty, state, context):
@@ -355,7 +360,7 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
     if compact:
         finished_seq, finished_scores, finished_flags = _compact_beam(
             expand, start, caps, max_penalty, initial_state, context, batch_size, beam_size,
-            max_decode_length, num_hypotheses, state_shape_invariants)
+            max_decode_length, num_hypotheses, state_shape_invariants, tile_context)
     else:
         def cond(step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
                  finished_flags, finished_count, done, state):
@@ -389,7 +394,7 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
 
 
 def _compact_beam(expand, start, caps, max_penalty, state, context, batch_size, beam_size,
-                  max_decode_length, num_hypotheses, state_shape_invariants):
+                  max_decode_length, num_hypotheses, state_shape_invariants, tile_context):
     """`beam_search`'s loop with `compact`: done sentences leave the batch. Returns the
     finished sequences, scores and flags of every sentence, `[batch, num_hypotheses, ...]`."""
 
@@ -421,7 +426,8 @@ def _compact_beam(expand, start, caps, max_penalty, state, context, batch_size, 
                                    + tf.cast(keep, tf.int32)[:, tf.newaxis] * beam_size,
                                    [-1])  # [kept * beam]
             context_rows = tf.reshape(
-                tf.cast(keep, tf.int32)[:, tf.newaxis] * beam_size + tf.range(beam_size), [-1])
+                tf.cast(keep, tf.int32)[:, tf.newaxis] * beam_size + tf.range(beam_size),
+                [-1]) if tile_context else keep
             return (tf.nest.map_structure(lambda t: tf.gather(t, keep), carried),
                     tf.nest.map_structure(lambda t: tf.gather(t, kept_rows), state),
                     tf.nest.map_structure(lambda t: tf.gather(t, context_rows), context),

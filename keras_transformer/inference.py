@@ -136,7 +136,8 @@ class DecoderStep:
 
     # ------------------------------------------------------------------ per step
 
-    def step(self, weights: dict, ids, step, cache: list, memory: dict, growing: bool = True):
+    def step(self, weights: dict, ids, step, cache: list, memory: dict, growing: bool = True,
+             beams: int = 1):
         """Decodes position `step`.
 
         Args:
@@ -145,7 +146,8 @@ class DecoderStep:
             step: int32 scalar.
             cache: from `init_cache` or the previous step; growing caches hold the positions
                 `< step` and are appended to, fixed ones are written at `step`.
-            memory: from `precompute` (tiled to the beams for beam search).
+            memory: from `precompute`, one row for every `beams` consecutive rows of `ids`
+                (the beams of one sentence share its encoder keys and values).
 
         Returns:
             `(logits float32 [batch, vocab], cache)`.
@@ -183,8 +185,13 @@ class DecoderStep:
             # Cross-attention over the precomputed encoder keys/values.
             h = _layer_norm(x, layer["cross_norm"]) if self.pre_norm else x
             q = _matmul(h, layer["cross_q_kernel"]) + layer["cross_q_bias"]
-            y = self._attend(tf.reshape(q, head_shape), layer_memory["key"],
-                             layer_memory["value"], memory["mask"])
+            if beams == 1:
+                y = self._attend(tf.reshape(q, head_shape), layer_memory["key"],
+                                 layer_memory["value"], memory["mask"])
+            else:  # one [beams, source_len] attention per sentence and head
+                q = tf.transpose(tf.reshape(q, [-1, beams, heads, head_dim]), [0, 2, 1, 3])
+                y = _attention(q, layer_memory["key"], layer_memory["value"], memory["mask"])
+                y = tf.reshape(tf.transpose(y, [0, 2, 1, 3]), [-1, d])
             y = _matmul(y, layer["cross_out_kernel"]) + layer["cross_out_bias"]
             x = x + y if self.pre_norm else _layer_norm(x + y, layer["cross_norm"])
             x = _feed_forward(x, layer, self.pre_norm)

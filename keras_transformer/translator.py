@@ -223,7 +223,7 @@ class Translator(tf.Module):
         batch_size = tf.shape(source_ids)[0]
         beam_size = self.decode_config.beam_size
         cache, invariants = self._init_cache(batch_size, max_decode_length)
-        step_function, memory = self._step_function(source_ids)
+        step_function, memory = self._step_function(source_ids, beams=beam_size)
         return decoding.beam_search(
             step_function, cache, batch_size=batch_size,
             beam_size=beam_size, max_decode_length=max_decode_length,
@@ -231,7 +231,7 @@ class Translator(tf.Module):
             patience=self.decode_config.patience,
             start_id=START_ID, end_id=END_ID, length_caps=length_caps,
             num_hypotheses=num_hypotheses, state_shape_invariants=invariants, context=memory,
-            compact=self._compact)
+            tile_context=not self._fast_step, compact=self._compact)
 
     def _init_cache(self, batch_size, max_decode_length):
         """The decoder's self-attention caches and their loop shape invariants.
@@ -268,11 +268,12 @@ class Translator(tf.Module):
     def _decoder_step(self) -> DecoderStep:
         return DecoderStep(self.model)
 
-    def _step_function(self, source_ids):
+    def _step_function(self, source_ids, beams: int = 1):
         """The search's `symbols_to_logits_fn` over the encoded source, and its context (the
         memory it reads at every step but never changes: the encoder output's cross-attention
-        keys/values and the source mask, `[batch, ...]`; the searches tile it to the beams and
-        drop finished sentences from it, but never reorder it).
+        keys/values and the source mask, `[batch, ...]`; the searches drop finished sentences
+        from it, but never reorder it). `DecoderStep` takes it untiled, one row per `beams`
+        consecutive rows of ids; the Keras reference step takes it tiled to the beams.
 
         The source is encoded by `EncoderPass` and the decoder step is `DecoderStep`'s, both
         over the weights' tensors read here once per batch (not once per step inside the loop).
@@ -287,7 +288,8 @@ class Translator(tf.Module):
             weights = decoder.read_weights()
 
             def step_function(ids, step, state, memory):
-                return decoder.step(weights, ids, step, state, memory, growing=growing)
+                return decoder.step(weights, ids, step, state, memory, growing=growing,
+                                    beams=beams)
 
             return step_function, decoder.precompute(weights, context, source_mask)
 

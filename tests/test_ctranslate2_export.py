@@ -206,7 +206,8 @@ def test_settings_file_and_layout(random_translation_model, tmp_path):
                     provenance={"run": "runs/tiny", "weights": "best"})
     settings = json.loads((folder / SETTINGS_FILE).read_text())
     assert settings == {
-        "beam_size": 4, "alpha": 0.6, "max_extra_length": 8, "max_positions": MAX_LENGTH, "max_source_length": MAX_LENGTH,
+        "beam_size": 4, "alpha": 0.6, "patience": 1.0, "max_extra_length": 8,
+        "max_positions": MAX_LENGTH, "max_source_length": MAX_LENGTH,
         "source_start": "<s>", "source_end": "</s>", "sentencepiece_model": "sentencepiece.model",
         "quantization": "float32", "run": "runs/tiny", "weights": "best"}
     assert (folder / "sentencepiece.model").is_file() and (folder / "model.bin").is_file()

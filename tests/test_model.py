@@ -181,6 +181,28 @@ def test_inference_step_equals_keras_decode_step(norm, share, growing):
             np.testing.assert_allclose(fast_cache["value"], cache["value"], atol=1e-5)
 
 
+def test_inference_step_shares_each_sentences_memory_among_its_beams():
+    """With `beams=k`, k consecutive rows of ids read one row of the memory: the logits of the
+    memory tiled to every row."""
+    from keras_transformer.decoding import tile_beams
+    from keras_transformer.inference import DecoderStep
+
+    model = Transformer(tiny())
+    source, target = random_batch(seed=5)
+    model((source, target))
+    context, mask = model.encode(source)
+    fast = DecoderStep(model)
+    weights = fast.read_weights()
+    memory = fast.precompute(weights, context, mask)  # 3 sentences
+    tiled = tf.nest.map_structure(lambda t: tile_beams(t, 2), memory)
+    shared_state = tiled_state = fast.init_cache(6)
+    for t in range(4):
+        ids, step = tf.constant(np.repeat(target[:, t], 2)), tf.constant(t)
+        shared, shared_state = fast.step(weights, ids, step, shared_state, memory, beams=2)
+        expected, tiled_state = fast.step(weights, ids, step, tiled_state, tiled)
+        np.testing.assert_allclose(shared, expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_inference_encoder_equals_keras_encode(norm):
     """`inference.EncoderPass` gives `Transformer.encode`'s output and mask on a padded batch,
