@@ -469,13 +469,13 @@ def _top_log_probs(logits, k):
     float32 and int32 `[rows, k]`, best first (ties: lower id first, as `tf.math.top_k`).
 
     The top-k of the logits is that of the log-probabilities, so the normalizer is subtracted
-    from the k selected only: log p = (logit - max) - log sum(exp(logits - max)), LogSoftmax's
-    arithmetic without its `[rows, vocab]` output.
+    from the k selected only: log p = (logit - max) - log sum(exp(logits - max)). The most
+    probable token's probability is 1 / sum(exp(logits - max)), so one Softmax (oneDNN's kernel
+    on CPU, a single pass) gives the normalizer faster than an Exp and a Sum over the row.
     """
     top_logits, ids = _top_k(logits, k)  # [rows, k]
-    max_logits = top_logits[:, :1]
-    log_sum = tf.math.log(tf.reduce_sum(tf.exp(logits - max_logits), axis=-1, keepdims=True))
-    return (top_logits - max_logits) - log_sum, ids
+    log_sum = -tf.math.log(tf.gather(tf.nn.softmax(logits), ids[:, :1], batch_dims=1))
+    return (top_logits - top_logits[:, :1]) - log_sum, ids
 
 
 def _top_k(values, k, block_size=64):
