@@ -11,7 +11,9 @@ layers (the one source of truth, read once per batch) and
   (query part pre-scaled by 1/sqrt(head_dim)), as CTranslate2 and fairseq do;
 - keeps head-major caches `[batch, heads, length, head_dim]` and reshapes, never transposes, the
   one new position (`[batch, d_model]` is `[batch, heads, 1, head_dim]` in memory);
-- projects the encoder output's cross-attention keys/values once per batch (fused k|v);
+- projects the encoder output's cross-attention keys/values once per batch (fused k|v), and
+  in beam search lets the beams of a sentence attend to them together (one `[beam,
+  source_len]` attention per sentence and head, no tiled copies);
 - computes LayerNorm as Keras does (mean and variance, then one scale and one offset);
 - multiplies float32 matrices with Eigen's kernel rather than oneDNN's (see `_matmul`), except
   for the output projection, whose `[d_model, vocab]` kernel is large enough for oneDNN to win.
