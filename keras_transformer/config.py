@@ -238,8 +238,8 @@ class DecodeConfig:
     # When beam search stops a sentence: "exact" (no alive hypothesis can beat the worst of
     # `beam_size` finished ones) or "beam_full" (once `patience * beam_size` hypotheses have
     # finished; patience 1 is what fairseq and CTranslate2 do by default); see
-    # keras_transformer.decoding.beam_search. Patience 2 scored the validation BLEU of "exact"
-    # (within 0.03, or above it) in half its time; experiments/RESULTS.md "Decoding speed".
+    # keras_transformer.decoding.beam_search. Patience 2 scored "exact"'s validation BLEU or
+    # above it, in half its time at alpha 1.4; experiments/RESULTS.md "Decoding speed".
     stopping: str = "beam_full"
     patience: float = 2.0  # "beam_full" only
 
