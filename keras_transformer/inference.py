@@ -171,8 +171,8 @@ class DecoderStep:
             # Masked self-attention over the cache and the new position.
             h = _layer_norm(x, layer["self_norm"]) if self.pre_norm else x
             qkv = _matmul(h, layer["qkv_kernel"]) + layer["qkv_bias"]
-            q, k, v = tf.split(qkv, 3, axis=1)  # [batch, d] each
-            q, k, v = (tf.reshape(t, head_shape) for t in (q, k, v))  # [batch, heads, 1, dim]
+            # [batch, heads, 1, head_dim] each
+            q, k, v = tf.unstack(tf.reshape(qkv, [-1, 3, heads, 1, head_dim]), axis=1)
             if growing:
                 key = tf.concat([layer_cache["key"], k], axis=2)
                 value = tf.concat([layer_cache["value"], v], axis=2)
