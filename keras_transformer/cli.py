@@ -318,16 +318,6 @@ def _rule(row: dict) -> str:
     return row["stopping"] + ("" if row["patience"] is None else f" patience {row['patience']:g}")
 
 
-def _patiences(text: str) -> list[float]:
-    try:
-        values = [float(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
-    if not all(value >= 1 for value in values):
-        raise argparse.ArgumentTypeError(f"{text}: every patience must be >= 1")
-    return values
-
-
 def _positive_ints(text: str) -> list[int]:
     return [_positive_int(part) for part in text.split(",")]
 
@@ -341,14 +331,23 @@ def _stopping_rules(text: str) -> list[str]:
     return rules
 
 
-def _alphas(text: str) -> list[float]:
+def _numbers(text: str, minimum: float, name: str) -> list[float]:
+    """A comma-separated list of numbers, each at least `minimum` (`name` for the error)."""
     try:
         values = [float(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
-    if any(value < 0 for value in values):
-        raise argparse.ArgumentTypeError(f"{text}: every alpha must be >= 0")
+    if not all(value >= minimum for value in values):
+        raise argparse.ArgumentTypeError(f"{text}: every {name} must be >= {minimum:g}")
     return values
+
+
+def _alphas(text: str) -> list[float]:
+    return _numbers(text, 0, "alpha")
+
+
+def _patiences(text: str) -> list[float]:
+    return _numbers(text, 1, "patience")
 
 
 def _positive_int(text: str) -> int:

@@ -335,11 +335,9 @@ def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
     """
     run = Run(run_dir)
     config = run.config
-    decode_config = DecodeConfig(
-        beam_size=config.decode.beam_size if beam_size is None else beam_size,
-        alpha=config.decode.alpha if alpha is None else alpha,
-        max_extra_length=config.decode.max_extra_length, stopping=config.decode.stopping,
-        patience=config.decode.patience)
+    decode_config = dataclasses.replace(
+        config.decode, beam_size=config.decode.beam_size if beam_size is None else beam_size,
+        alpha=config.decode.alpha if alpha is None else alpha)
     source_tokenizer, target_tokenizer = run.tokenizers()
     model = run.load_model(weights)
     return Translator(model, source_tokenizer, target_tokenizer, decode_config,
