@@ -365,8 +365,8 @@ def _matmul(a, b, transpose_b=False):
 
 def _layer_norm(x, norm):
     """LayerNormalization with float32 statistics: (x - mean) * (gamma / sqrt(variance + eps))
-    + beta, Keras' arithmetic regrouped into one op fewer (the loop runs 12 of them per step
-    for the tutorial model)."""
+    + beta, Keras' arithmetic regrouped into one op fewer (the loop runs three per decoder
+    layer at every step)."""
     dtype = x.dtype
     if dtype != tf.float32:
         x = tf.cast(x, tf.float32)
