@@ -48,7 +48,7 @@ def fit_config(args):
     config = ExperimentConfig.from_yaml(
         args.config, [*corpus_overrides(args.corpus, args.vocab_dir), *(args.set or [])])
     train = dataclasses.replace(
-        config.train, epochs=1, steps_per_epoch=args.steps * config.train.accumulate_steps,
+        config.train, epochs=1, steps_per_epoch=args.steps,
         log_every_steps=args.log_every, validation_bleu_sentences=0)
     return dataclasses.replace(config, train=train)
 

@@ -73,7 +73,7 @@ class StepSummaries(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         step = self._step()
-        # With gradient accumulation the step stays put for several batches.
+        # The step stays put for several batches under Keras's `gradient_accumulation_steps`.
         if step == self._last_step or step % self.every_steps or not logs:
             return
         self._last_step = step

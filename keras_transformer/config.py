@@ -188,7 +188,7 @@ class TrainConfig:
     adam_beta_2: float = 0.98
     adam_epsilon: float = 1e-9
     label_smoothing: float = 0.1
-    accumulate_steps: int = 1  # effective batch = accumulate_steps batches; one replica only
+    accumulate_steps: int = 1  # batches summed into each optimizer update (any strategy)
     strategy: str = "auto"  # auto | mirrored | multi_worker | one_device | tpu
     precision: str = "float32"  # float32 | mixed_bfloat16 | mixed_float16 | auto (per machine)
     jit_compile: bool = False

@@ -367,6 +367,32 @@ def _bucketed(examples: tf.data.Dataset, data_config: DataConfig, num_replicas: 
     return batches
 
 
+def group_batches(batches: tf.data.Dataset, group_size: int) -> tf.data.Dataset:
+    """Batches of one shape stacked by `group_size` on a second axis, for gradient
+    accumulation (`Transformer.train_step` sums the gradients of a group into one update):
+    ((source_ids [batch, n, source_len], target_in_ids [batch, n, target_len]),
+    target_out_ids [batch, n, target_len]), n = `group_size` but for each shape's last group.
+
+    The batch axis stays first, so a distribution strategy splits every micro-batch of the
+    group between its replicas as it would split an ungrouped batch. `make_batches` gives a
+    small set of shapes (a bucket's batches, then its last, smaller one), so most groups are full.
+    """
+    def shape_key(inputs, target_out):
+        shape = tf.cast(tf.concat([tf.shape(inputs[0]), tf.shape(target_out)[1:]], 0), tf.int64)
+        return (shape[0] * _SHAPE_KEY_BASE + shape[1]) * _SHAPE_KEY_BASE + shape[2]
+
+    def batch_first(*element):
+        return tf.nest.map_structure(lambda ids: tf.transpose(ids, [1, 0, 2]), element)
+
+    return batches.group_by_window(
+        key_func=shape_key,
+        reduce_func=lambda key, window: window.batch(group_size).map(batch_first),
+        window_size=group_size)
+
+
+_SHAPE_KEY_BASE = 1 << 20  # batch size and lengths each below 2^20
+
+
 class TrainingStream:
     """A run's training batches: one endless stream of passes over the pairs, the same in
     every process given the same pairs, so that a run resumed at batch N reads what an
@@ -379,13 +405,17 @@ class TrainingStream:
     start // `pass_length()`, after skipping the rest in that pass. Without subword sampling
     every pass has the same number of batches, so the position is exact; with it, pass lengths
     vary a little and a resumed stream starts at about the same place.
+
+    With `accumulate_steps` > 1 the stream's elements are groups of that many batches of one
+    shape (`group_batches`), formed within each pass; positions and pass lengths count groups.
     """
 
     def __init__(self, pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
                  target_tokenizer: Tokenizer, data_config: DataConfig, *, seed: int,
-                 num_replicas: int = 1):
+                 num_replicas: int = 1, accumulate_steps: int = 1):
         bucket_batch_sizes(data_config, num_replicas)  # fails early if a longest pair cannot fit
         self.data_config, self.seed, self.num_replicas = data_config, seed, num_replicas
+        self.accumulate_steps = accumulate_steps
         self._tokenizers = (source_tokenizer, target_tokenizer)
         self._sampling = source_tokenizer.samples or target_tokenizer.samples
         # Tokenized pairs are cached (text pairs when sampling); the cache fills during the
@@ -404,10 +434,14 @@ class TrainingStream:
                                           reshuffle_each_iteration=False)
         if self._sampling:
             examples = self._tokenize(examples)
-        return _bucketed(examples, self.data_config, self.num_replicas)
+        batches = _bucketed(examples, self.data_config, self.num_replicas)
+        if self.accumulate_steps > 1:
+            return group_batches(batches, self.accumulate_steps)
+        return batches
 
     def pass_length(self) -> int:
-        """Batches in one pass (pass 0's when sampling), counted once; ConfigError if none."""
+        """Elements (batches or groups) in one pass (pass 0's when sampling), counted once;
+        ConfigError if none."""
         if self._pass_length is None:
             self._pass_length = int(self._pass(tf.constant(0, tf.int64)).reduce(
                 tf.constant(0, tf.int64), lambda count, _: count + 1))
@@ -419,7 +453,7 @@ class TrainingStream:
         return self._pass_length
 
     def batches(self, start: int = 0) -> tf.data.Dataset:
-        """The stream from its batch `start` (0: the first), endless."""
+        """The stream from its element `start` (0: the first), endless."""
         first_pass, skip = divmod(start, self.pass_length()) if start else (0, 0)
         stream = tf.data.Dataset.range(first_pass, 2 ** 62).flat_map(self._pass)
         return stream.skip(skip).prefetch(AUTOTUNE)

@@ -104,6 +104,8 @@ class Transformer(keras.Model):
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if len(y.shape) == 3:
+            return self._accumulated_train_step(x, y, sample_weight)
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
@@ -113,6 +115,47 @@ class Transformer(keras.Model):
         gradients = tape.gradient(loss, self.trainable_weights)
         self.optimizer.apply_gradients(zip(gradients, self.trainable_weights))
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _accumulated_train_step(self, x, y, sample_weight):
+        """One update from a group of micro-batches of equal shapes (`data.group_batches`):
+        `x` = (source_ids `[batch, n, source_len]`, target_in_ids `[batch, n, target_len]`),
+        `y` = target_out_ids `[batch, n, target_len]`.
+
+        The n forward and backward passes run one after another in a `tf.while_loop` (the
+        activations of one micro-batch at a time), their gradients are summed, and the
+        optimizer applies the sum once: the update is that of one batch of all n micro-batches
+        (the mean loss over the group's real target tokens, in every replica). Unlike Keras's
+        `gradient_accumulation_steps`, nothing inside the loop calls `merge_call`, so it runs
+        under MirroredStrategy and MultiWorkerMirroredStrategy with any number of replicas
+        (keras-team/keras#17429).
+        """
+        if sample_weight is not None:
+            raise ValueError("accumulated training steps take no sample_weight")
+        source_ids, target_in_ids = (tf.transpose(ids, [1, 0, 2]) for ids in x)
+        target_out_ids = tf.transpose(y, [1, 0, 2])  # [n, batch, target_len]
+        # The only cross-replica reduction, before the loop: all of the group's tokens.
+        all_tokens = ops.maximum(sum_over_replicas(ops.sum(target_weights(target_out_ids))), 1.0)
+        variables = self.trainable_weights
+
+        def body(i, gradients):
+            inputs = (source_ids[i], target_in_ids[i])
+            weights = target_weights(target_out_ids[i])
+            with tf.GradientTape() as tape:
+                logits = self(inputs, training=True)
+                summed = ops.sum(self.loss.call(target_out_ids[i], logits) * weights)
+                loss = self.optimizer.scale_loss(summed / all_tokens)
+            added = tape.gradient(loss, variables)
+            tokens = ops.sum(weights)
+            compat.loss_tracker(self).update_state(summed / ops.maximum(tokens, 1.0),
+                                                   sample_weight=tokens)
+            self.compute_metrics(inputs, target_out_ids[i], logits, sample_weight=None)
+            return i + 1, [total + tf.convert_to_tensor(g) for total, g in zip(gradients, added)]
+
+        _, gradients = tf.while_loop(
+            lambda i, _: i < tf.shape(target_out_ids)[0], body,
+            (tf.constant(0), [tf.zeros_like(v) for v in variables]), parallel_iterations=1)
+        self.optimizer.apply_gradients(zip(gradients, variables))
+        return self.get_metrics_result()
 
     def test_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)

@@ -84,32 +84,6 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
                                           cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
-def accumulation_strategy(strategy: tf.distribute.Strategy,
-                          accumulate_steps: int) -> tf.distribute.Strategy:
-    """The strategy to train with when `train.accumulate_steps` > 1.
-
-    Keras 3.15's gradient accumulation chooses between updating and accumulating in a `cond`
-    whose branches call `merge_call`, which MirroredStrategy and MultiWorkerMirroredStrategy
-    refuse inside a replica's function ("`merge_call` called while defining a new graph",
-    keras-team/keras#17429), even with one replica. One replica (one GPU, or the CPU) trains
-    the same under OneDeviceStrategy, which has no replica context to refuse it; several
-    replicas are a ConfigError.
-    """
-    if accumulate_steps <= 1 or not isinstance(strategy, tf.distribute.MirroredStrategy
-                                                    | tf.distribute.MultiWorkerMirroredStrategy):
-        return strategy
-    replicas = strategy.num_replicas_in_sync
-    if replicas == 1 and not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        device = strategy.extended.worker_devices[0]
-        logger.info("train.accumulate_steps=%d: training on %s with OneDeviceStrategy",
-                    accumulate_steps, device)
-        return tf.distribute.OneDeviceStrategy(device)
-    raise ConfigError(
-        f"train.accumulate_steps={accumulate_steps} needs a single replica, and this "
-        f"{type(strategy).__name__} has {replicas}: Keras's gradient accumulation fails under "
-        "it (keras-team/keras#17429); raise data.tokens_per_batch instead")
-
-
 def worker_shard(strategy: tf.distribute.Strategy) -> tuple[int, int]:
     """(index, count) of this worker among the workers of a MultiWorkerMirroredStrategy: the
     chief first, then the workers in TF_CONFIG order (tf.distribute's input pipeline ids);
@@ -219,12 +193,16 @@ class TrainingInput:
     length bucket (the loss is still the mean over the step's real target tokens,
     `losses.MaskedLabelSmoothedCrossEntropy`).
 
+    With `train.accumulate_steps` = N > 1, each of those batches is a group of N batches of
+    one shape (`data.group_batches`) and a step is one optimizer update over the whole group
+    (`Transformer.train_step`): steps, epochs and the learning-rate schedule count updates.
+
     An epoch is `train.steps_per_epoch` steps, or about one pass over the data: with several
     workers, whose shards give different numbers of batches, the mean over the workers of
     their pass in steps (agreed with an all-reduce: every worker must take the same number of
     steps; a worker whose pass is shorter goes on into its next pass). Either way a run resumed
-    at epoch E reads what the uninterrupted run read there: each stream restarts at its batch
-    E * steps * (batches per step).
+    at epoch E reads what the uninterrupted run read there: each stream restarts at its element
+    E * steps * (elements per step).
     """
 
     def __init__(self, config: ExperimentConfig, strategy: tf.distribute.Strategy,
@@ -244,7 +222,8 @@ class TrainingInput:
                                     shard=(self.worker, self.workers))
         self.stream = data_lib.TrainingStream(pairs, source_tokenizer, target_tokenizer,
                                               data_config, seed=config.train.seed,
-                                              num_replicas=stream_replicas)
+                                              num_replicas=stream_replicas,
+                                              accumulate_steps=config.train.accumulate_steps)
 
     def epoch_steps(self) -> int:
         """`train.steps_per_epoch`, or about one pass (see the class docstring); with several
@@ -312,8 +291,7 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
         print(f"keras-transformer train: {finished}", flush=True)
         return None
     keras.utils.set_random_seed(config.train.seed)
-    strategy = accumulation_strategy(make_strategy(config.train.strategy),
-                                     config.train.accumulate_steps)
+    strategy = make_strategy(config.train.strategy)
     replicas = strategy.num_replicas_in_sync
     check_shared_vocabulary(config, worker_shard(strategy)[1])
 

@@ -75,7 +75,8 @@ def test_step_summaries_are_means_over_the_steps_since_the_last_write(tmp_path, 
 
 
 def test_step_summaries_write_once_per_optimizer_step(tmp_path, monkeypatch):
-    """Under gradient accumulation the step moves every other batch; a resume starts mid-way."""
+    """Under Keras's gradient accumulation the step moves every other batch; a resume starts
+    mid-way."""
     callback = StepSummaries(tmp_path, every_steps=2)
     FakeOptimizer.iterations = 4  # where the restored optimizer stands at `on_train_begin`
     try:

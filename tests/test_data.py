@@ -16,9 +16,9 @@ from keras_transformer import multi30k
 from keras_transformer.cli import format_data_stats
 from keras_transformer.config import DATA_ENV, REPO_ROOT, ConfigError, DataConfig, ExperimentConfig
 from keras_transformer.data import (DataError, batch_stats, bucket_batch_sizes, bucket_lengths,
-                                    check_parallel_files, fixed_size_batches, load_pairs,
-                                    make_batches, pair_stats, read_parallel_lines, split_files,
-                                    data_stats)
+                                    check_parallel_files, fixed_size_batches, group_batches,
+                                    load_pairs, make_batches, pair_stats, read_parallel_lines,
+                                    split_files, data_stats)
 from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID, training_tokenizers
 
 tfds.display_progress_bar(False)
@@ -277,6 +277,31 @@ def test_replica_count_divides_every_batch(sentencepiece_tokenizers, multi30k_co
                                         num_replicas=3))
     assert measured.batches > 0 and all(batch % 3 == 0 for batch, _, _ in measured.shapes)
     assert measured.max_padded_tokens <= config.tokens_per_batch
+
+
+def test_grouped_batches_stack_batches_of_one_shape_batch_axis_first():
+    def batch(rows, source_length, target_length, fill):
+        return ((np.full([rows, source_length], fill, np.int32),
+                 np.full([rows, target_length], fill, np.int32)),
+                np.full([rows, target_length], fill, np.int32))
+
+    shapes = [(4, 8, 6), (4, 8, 6), (2, 16, 8), (4, 8, 6), (3, 8, 6), (2, 16, 8), (4, 8, 6)]
+    batches = [batch(*shape, fill=i) for i, shape in enumerate(shapes)]
+    dataset = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=(
+        (tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.int32)),
+        tf.TensorSpec([None, None], tf.int32)))
+    groups = list(group_batches(dataset, 2).as_numpy_iterator())
+    seen = []
+    for (source, target_in), target_out in groups:
+        rows, n = source.shape[:2]
+        assert target_in.shape == target_out.shape == (rows, n, target_in.shape[2])
+        members = [int(source[0, i, 0]) for i in range(n)]
+        for i, member in enumerate(members):  # [batch, n, length]: micro-batch i is [:, i]
+            assert shapes[member] == (rows, source.shape[2], target_out.shape[2])
+            assert (source[:, i] == member).all() and (target_out[:, i] == member).all()
+        seen.append(members)
+    # Full pairs of one shape as they fill, the shapes' last (partial) groups at the end.
+    assert seen == [[0, 1], [2, 5], [3, 6], [4]]
 
 
 def test_subword_sampling_resegments_training_pairs_every_epoch(sentencepiece_vocab,

@@ -6,7 +6,8 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import MaskedLabelSmoothedCrossEntropy, ModelConfig, Transformer
-from keras_transformer.training import make_strategy
+from keras_transformer import compat
+from keras_transformer.training import build_compiled_state, make_strategy
 
 VOCAB = 30
 
@@ -34,10 +35,16 @@ def tiny_model(strategy, initial_weights, learning_rate):
     return model
 
 
-def train_one_step(strategy, initial_weights):
+def train_one_step(strategy, initial_weights, batch=None):
+    """(fit's loss, the gradient) of one step on `batch` (default `batch_with_uneven_tokens`)."""
     model = tiny_model(strategy, initial_weights, 1.0)  # the weight change is minus the gradient
-    dataset = tf.data.Dataset.from_tensors(batch_with_uneven_tokens())
-    history = model.fit(dataset, epochs=1, verbose=0)
+    batch = batch_with_uneven_tokens() if batch is None else batch
+    if len(batch[1].shape) == 3:  # a group: built first, as `training.train` builds it
+        with strategy.scope():
+            build_compiled_state(model, tf.data.Dataset.from_tensors(batch_with_uneven_tokens()))
+        compat.skip_symbolic_build(model)
+    history = model.fit(tf.data.Dataset.from_tensors(batch), epochs=1, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 1
     gradients = [w0 - w1 for w0, w1 in zip(initial_weights, model.get_weights())]
     return history.history["loss"][0], gradients
 
@@ -61,6 +68,31 @@ def test_mirrored_loss_and_gradients_equal_single_device():
     assert any(np.abs(g).max() > 1e-4 for g in single_grads)
     for single, replicated in zip(single_grads, mirrored_grads):
         np.testing.assert_allclose(replicated, single, rtol=1e-3, atol=1e-6)
+
+
+def test_an_accumulated_update_equals_one_update_on_the_whole_group():
+    """Gradient accumulation (`Transformer.train_step` on a `data.group_batches` group): one
+    optimizer step over two micro-batches equals one step on both batches at once, on one
+    device and on two replicas (which Keras's own accumulation refuses, keras-team/keras#17429)."""
+    config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB, target_vocab_size=VOCAB)
+    reference = Transformer(config)
+    reference.build()
+    weights = reference.get_weights()
+    first = batch_with_uneven_tokens()
+    (source, target_in), target_out = first
+    target_out = target_out[::-1].copy()
+    target_out[:, 4:] = 0  # another token count per row and per micro-batch
+    second = (source[::-1], target_in[::-1]), target_out
+    group = tf.nest.map_structure(lambda a, b: np.stack([a, b], axis=1), first, second)
+    whole = tf.nest.map_structure(lambda a, b: np.concatenate([a, b]), first, second)
+
+    whole_loss, whole_grads = train_one_step(tf.distribute.get_strategy(), weights, whole)
+    assert any(np.abs(g).max() > 1e-4 for g in whole_grads)
+    for strategy in (tf.distribute.get_strategy(), make_strategy("mirrored")):
+        loss, grads = train_one_step(strategy, weights, group)
+        np.testing.assert_allclose(loss, whole_loss, rtol=1e-5)
+        for accumulated, single in zip(grads, whole_grads):
+            np.testing.assert_allclose(accumulated, single, rtol=1e-3, atol=1e-6)
 
 
 def test_split_cpu_is_idempotent_and_refuses_a_late_change():

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from keras_transformer import data as data_lib
 from keras_transformer import training
@@ -151,3 +152,33 @@ def test_the_training_stream_resumed_at_a_batch_reads_what_the_uninterrupted_one
         assert fingerprints(new_stream().batches(start), 3) == whole[start:start + 3], start
     assert set(whole[:length]) != set(whole[length:2 * length])  # another shuffle, other batches
     assert fingerprints(new_stream(seed=8).batches(), 3) != whole[:3]
+
+
+def test_a_grouped_training_stream_holds_each_pass_once_and_resumes_at_a_group(
+        sentencepiece_vocab, multi30k_config):
+    """With gradient accumulation the stream's elements are groups of batches of one shape: a
+    pass still holds every kept pair once, and a stream started at group N equals the whole
+    stream from its N-th group."""
+    config = multi30k_config(tokens_per_batch=1024, max_pair_length=32)
+    pairs = data_lib.load_pairs(config, "train").take(1000)
+    tokenizers = load_tokenizers(*sentencepiece_vocab)
+
+    def new_stream(accumulate_steps):
+        return data_lib.TrainingStream(pairs, *tokenizers, config, seed=7,
+                                       accumulate_steps=accumulate_steps)
+
+    def rows(elements):
+        return sorted(row.tobytes() for (source, _), target in elements
+                      for row in np.concatenate([source.numpy(), target.numpy()], axis=-1)
+                      .reshape(-1, source.shape[-1] + target.shape[-1]))
+
+    batches, grouped = new_stream(1), new_stream(3)
+    groups = list(grouped.batches().take(grouped.pass_length()))
+    assert batches.pass_length() // 3 <= len(groups) < batches.pass_length()
+    assert max(source.shape[1] for (source, _), _ in groups) == 3
+    pass_rows = rows(batches.batches().take(batches.pass_length()))
+    assert rows(groups) == pass_rows  # every pair of the pass once, as ungrouped
+    start = len(groups) - 1
+    [resumed] = new_stream(3).batches(start).take(1)
+    for a, b in zip(tf.nest.flatten(resumed), tf.nest.flatten(groups[start])):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

@@ -222,28 +222,25 @@ def test_auto_precision_follows_the_hardware(monkeypatch, capabilities, native_c
         assert training.resolve_precision(explicit) == explicit
 
 
-def test_gradient_accumulation_updates_once_per_accumulated_batches(tiny_experiment, tmp_path,
-                                                                    recwarn):
-    config = tiny_experiment(epochs=1, steps_per_epoch=4, accumulate_steps=2,
-                             validation_bleu_sentences=0, strategy="one_device")
-    optimizer = training.train(config, tmp_path, verbose=0).model.optimizer
-    assert optimizer.gradient_accumulation_steps == 2
-    assert int(optimizer.iterations.numpy()) == 2  # 4 batches, 2 updates
+def test_gradient_accumulation_trains_on_two_replicas_one_update_per_group(tiny_experiment,
+                                                                           tmp_path, recwarn):
+    config = tiny_experiment(epochs=1, steps_per_epoch=3, accumulate_steps=2,
+                             validation_bleu_sentences=0)  # strategy "mirrored": 2 replicas
+    history = training.train(config, tmp_path, verbose=0)
+    optimizer = history.model.optimizer
+    assert history.model.distribute_strategy.num_replicas_in_sync == 2
+    assert optimizer.gradient_accumulation_steps is None
+    assert int(optimizer.iterations.numpy()) == 3  # 3 steps of 2 batches: 3 updates
+    assert np.isfinite(history.history["loss"][0])
+    # The epoch's target tokens are those of the training stream's first 3 groups of 2.
+    stream = data_lib.TrainingStream(
+        data_lib.load_pairs(config.data, config.data.train_split), *Run(tmp_path).tokenizers(),
+        config.data, seed=config.train.seed, num_replicas=2, accumulate_steps=2)
+    groups = list(stream.batches().take(3))
+    assert all(target_out.shape[1] == 2 for _, target_out in groups)
+    assert history.history["target_tokens"][0] == sum(
+        int(np.count_nonzero(target_out)) for _, target_out in groups)
     assert not [w for w in recwarn if "shuffle" in str(w.message)]  # fit's warning, not ours
-
-
-def test_gradient_accumulation_trains_one_replica_on_one_device_and_refuses_several():
-    # Keras's accumulation fails under MirroredStrategy, even with one replica
-    # ("merge_call called while defining a new graph", keras-team/keras#17429).
-    one = tf.distribute.MirroredStrategy([tf.config.list_logical_devices("CPU")[0].name])
-    chosen = training.accumulation_strategy(one, 6)
-    assert isinstance(chosen, tf.distribute.OneDeviceStrategy)
-    assert chosen.extended.worker_devices == one.extended.worker_devices
-    assert training.accumulation_strategy(one, 1) is one
-    two = training.make_strategy("mirrored")  # the 2 logical CPUs of conftest.py
-    with pytest.raises(ConfigError, match=r"^train.accumulate_steps=2 needs a single replica, "
-                                          r"and this MirroredStrategy has 2: .*17429"):
-        training.accumulation_strategy(two, 2)
 
 
 def test_subword_sampling_reaches_the_training_batches_only(tiny_experiment, tmp_path,
