@@ -20,7 +20,6 @@ import keras
 import tensorflow as tf
 
 from keras_transformer.config import ConfigError
-from keras_transformer.model import Transformer
 from keras_transformer.runs import Run, check_writable_folder
 from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, Translator,
                                           translator_from_run)
@@ -29,18 +28,6 @@ WARMUP_FILE = "tf_serving_warmup_requests"  # in assets.extra/, replayed by TF S
 PROVENANCE_FILE = "keras_transformer.json"  # in assets.extra/ (SavedModel) or the folder itself
 EXPORT_FORMATS = ("savedmodel", "ctranslate2")
 WARMUP_SENTENCES = ("Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "")
-
-
-def uncompiled_copy(model: Transformer) -> Transformer:
-    """A fresh, never-compiled `Transformer` with `model`'s config and weights.
-
-    A compiled model tracks its optimizer, whose slot variables would be exported too (3x the
-    size, and useless for serving).
-    """
-    copy = Transformer.from_config(model.get_config())
-    copy.build()
-    copy.set_weights(model.get_weights())
-    return copy
 
 
 def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
@@ -54,7 +41,9 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
     `provenance(translator)` updated with `provenance` (what `keras-transformer info --model`
     prints). It is written to a hidden sibling folder
     and renamed at the end, so that TF Serving, which watches the parent folder, never sees a
-    half-written version. A compiled model is exported from an `uncompiled_copy`.
+    half-written version. The weights are exported frozen (`Translator(frozen_weights=True)`):
+    in the layout the decoding reads, prepared once here rather than at every request, and
+    without a compiled model's optimizer state.
 
     Returns:
         the export folder.
@@ -62,10 +51,12 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
     export_dir = Path(export_dir)
     if export_dir.exists():
         raise FileExistsError(f"{export_dir} already exists: choose another version")
-    if getattr(translator.model, "optimizer", None) is not None:
-        translator = Translator(uncompiled_copy(translator.model), translator.source_tokenizer,
+    if not translator.frozen_weights:
+        translator = Translator(translator.model, translator.source_tokenizer,
                                 translator.target_tokenizer, translator.decode_config,
-                                jit_compile=translator.jit_compile)
+                                jit_compile=translator.jit_compile,
+                                max_source_length=translator.max_source_length,
+                                frozen_weights=True)
     partial = export_dir.with_name(f".{export_dir.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     export_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ import os
 from typing import Callable, Sequence
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_transformer import decoding
@@ -79,11 +80,18 @@ class Translator(tf.Module):
         max_source_length: the longest source, in tokens with START/END, before truncation;
             default and upper bound: the model's `max_positions` (`translator_from_run` passes
             the run's `data.max_pair_length`, the longest source training saw).
+        frozen_weights: prepare the weights in the layout the decoding reads (fused, pre-scaled
+            q|k|v kernels, the transposed output embedding, ...) once, here, as variables of
+            their own, instead of at every call; the module then reads (and a SavedModel
+            stores) those instead of the model's variables, and later changes to the model's
+            weights do not reach it. For exports and fixed runs; training's validation
+            translates with live weights.
     """
 
     def __init__(self, model: Transformer, source_tokenizer: Tokenizer,
                  target_tokenizer: Tokenizer, decode_config: DecodeConfig = DecodeConfig(),
-                 jit_compile: bool = False, max_source_length: int | None = None, name=None):
+                 jit_compile: bool = False, max_source_length: int | None = None,
+                 frozen_weights: bool = False, name=None):
         super().__init__(name=name)
         # Not tracked: the SavedModel would store every weight twice, once through the Keras
         # variable wrappers and once as the tf.Variables below.
@@ -97,7 +105,15 @@ class Translator(tf.Module):
         # The session-based loader (saved_model_cli, TF Serving) finds variables only if the
         # module tracks the tf.Variables themselves, not Keras 3's wrappers around them. A
         # compiled model's optimizer is thus never tracked either.
-        self.model_variables = [w.value for w in model.weights]
+        self.frozen_weights = frozen_weights
+        if frozen_weights:
+            weights = {"encoder": EncoderPass(model).read_weights(),
+                       "decoder": DecoderStep(model).read_weights()}
+            self.inference_variables = _shared_variables(tf.nest.flatten(weights))
+            object.__setattr__(self, "_weight_structure",
+                               tf.nest.map_structure(lambda _: None, weights))
+        else:
+            self.model_variables = [w.value for w in model.weights]
         self._greedy_ids = tf.function(self._greedy_search, jit_compile=jit_compile)
         self._beam_ids = tf.function(self._beam_search, jit_compile=jit_compile)
 
@@ -282,10 +298,15 @@ class Translator(tf.Module):
         """
         growing = self._growing_caches
         if self._fast_step:
-            encoder = EncoderPass(self.model)
-            context, source_mask = encoder(encoder.read_weights(), source_ids)
-            decoder = self._decoder_step
-            weights = decoder.read_weights()
+            encoder, decoder = EncoderPass(self.model), self._decoder_step
+            if self.frozen_weights:
+                weights = tf.nest.pack_sequence_as(
+                    self._weight_structure, [tf.convert_to_tensor(v)
+                                             for v in self.inference_variables])
+                encoder_weights, weights = weights["encoder"], weights["decoder"]
+            else:
+                encoder_weights, weights = encoder.read_weights(), decoder.read_weights()
+            context, source_mask = encoder(encoder_weights, source_ids)
 
             def step_function(ids, step, state, memory):
                 return decoder.step(weights, ids, step, state, memory, growing=growing,
@@ -311,6 +332,24 @@ class Translator(tf.Module):
 
 
 
+def _shared_variables(tensors: list) -> list:
+    """One non-trainable `tf.Variable` per tensor, the same variable for tensors of equal
+    values (the embedding matrix that the encoder and the decoder of a shared vocabulary both
+    read is stored once)."""
+    variables, seen = [], {}
+    for tensor in tensors:
+        key = (tensor.dtype, tuple(tensor.shape))
+        for candidate, variable in seen.get(key, []):
+            if np.array_equal(candidate, tensor.numpy()):
+                variables.append(variable)
+                break
+        else:
+            variable = tf.Variable(tensor, trainable=False)
+            seen.setdefault(key, []).append((tensor.numpy(), variable))
+            variables.append(variable)
+    return variables
+
+
 def _round_up(value, multiple, limit):
     """int32 scalar `value` rounded up to a multiple of `multiple`, at most `limit`."""
     return tf.minimum((value + multiple - 1) // multiple * multiple, limit)
@@ -326,7 +365,8 @@ def _pad_columns(ids, length):
 def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
                         beam_size: int | None = None, alpha: float | None = None,
                         jit_compile: bool = False) -> Translator:
-    """A Translator over a training run's never-compiled model and tokenizers.
+    """A Translator over a training run's never-compiled model and tokenizers, its weights
+    frozen (`Translator(frozen_weights=True)`).
 
     Args:
         run_dir: a folder written by `training.train`.
@@ -341,7 +381,8 @@ def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
     source_tokenizer, target_tokenizer = run.tokenizers()
     model = run.load_model(weights)
     return Translator(model, source_tokenizer, target_tokenizer, decode_config,
-                      jit_compile=jit_compile, max_source_length=config.data.max_pair_length)
+                      jit_compile=jit_compile, max_source_length=config.data.max_pair_length,
+                      frozen_weights=True)
 
 
 def translate_texts(translate: TranslateFn, sentences: Sequence[str], *,

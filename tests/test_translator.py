@@ -92,6 +92,39 @@ def random_model_like_the_fixture(tokenizer, norm, share):
     return seeded_tiny_model(tokenizer, seed=11, norm=norm, share=share, output_scale=4.0)
 
 
+@pytest.mark.parametrize("share", ["target", "all"])
+def test_frozen_weights_give_the_live_outputs_bitwise_and_store_each_tensor_once(
+        random_translation_model, share):
+    """`frozen_weights` prepares the decoding's weights once: the same strings and scores as
+    the translator that prepares them at every call; the variables are those weights (the
+    model's own are not tracked), the embedding matrix of a shared vocabulary once; and they
+    do not follow later changes to the model."""
+    _, tokenizer = random_translation_model
+    model = random_model_like_the_fixture(tokenizer, "pre", share)
+    config = DecodeConfig(beam_size=3, alpha=0.6, max_extra_length=8)
+    live = Translator(model, tokenizer, tokenizer, config)
+    frozen = Translator(model, tokenizer, tokenizer, config, frozen_weights=True)
+    source = tf.constant(SENTENCES + BAD_INPUTS[:2])
+    for name in ("translate_greedy", "translate_beam", "translate_nbest"):
+        expected = getattr(live, name)(source)
+        for key, value in getattr(frozen, name)(source).items():
+            np.testing.assert_array_equal(value.numpy(), expected[key].numpy(), err_msg=name)
+
+    model_variables = {id(w.value) for w in model.weights}
+    assert not model_variables & {id(v) for v in frozen.variables}
+    embedding = model.target_embedding.token_embedding.embeddings.numpy()  # [vocab, d]
+    stored = {id(v): v.numpy() for v in frozen.variables}.values()
+    assert sum(np.array_equal(v, embedding) for v in stored if v.shape == embedding.shape) == 1
+    # "all": one matrix for the source and the target; "target": the source has its own.
+    assert sum(v.shape == embedding.shape for v in stored) == (1 if share == "all" else 2)
+    assert sum(np.array_equal(v, embedding.T) for v in stored if v.shape == embedding.T.shape) == 1
+
+    before = frozen.translate_greedy(source)["score"].numpy()
+    model.target_embedding.token_embedding.embeddings.assign(embedding * 0.5)
+    np.testing.assert_array_equal(frozen.translate_greedy(source)["score"].numpy(), before)
+    assert not np.array_equal(live.translate_greedy(source)["score"].numpy(), before)
+
+
 @pytest.mark.parametrize("share", ["none", "target", "all"])
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_fast_step_gives_the_keras_step_outputs(random_translation_model, norm, share):
