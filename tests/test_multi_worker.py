@@ -49,19 +49,25 @@ def write_small_corpus(multi30k_dir, folder, train_pairs=400, val_pairs=40):
 
 
 def examples(stream, count):
-    """The (source ids, target_out ids) of every pair in the first `count` batches, unpadded."""
+    """The (source ids, target_out ids) of every pair in the first `count` batches (or groups
+    of batches), unpadded."""
     found = []
     for (source, _), target_out in stream.take(count).as_numpy_iterator():
+        source = source.reshape(-1, source.shape[-1])
+        target_out = target_out.reshape(-1, target_out.shape[-1])
         for s, t in zip(source, target_out):
             found.append((tuple(s[s != 0]), tuple(t[t != 0])))
     return found
 
 
+@pytest.mark.parametrize("accumulate_steps", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_two_workers_read_disjoint_shards_that_make_the_epoch_and_end_equal(
-        tiny_experiment, multi30k_dir, tmp_path):
+        tiny_experiment, multi30k_dir, tmp_path, accumulate_steps):
+    """With `accumulate_steps` 2 (`make test-all`), each step is one update over a group of two
+    batches per replica."""
     write_small_corpus(multi30k_dir, tmp_path / "corpus")
     config = tiny_experiment(epochs=1, steps_per_epoch=None, strategy="auto",
-                             validation_bleu_sentences=0)
+                             validation_bleu_sentences=0, accumulate_steps=accumulate_steps)
     config = dataclasses.replace(config, data=dataclasses.replace(
         config.data, data_dir=str(tmp_path / "corpus"), tokens_per_batch=1024))
     config_path = tmp_path / "exp.yaml"
@@ -90,7 +96,7 @@ def test_two_workers_read_disjoint_shards_that_make_the_epoch_and_end_equal(
         assert said, output[-3000:]
         stream = data_lib.TrainingStream(
             data_lib.load_pairs(config.data, "train", shard=(index, 2)), *tokenizers,
-            replica_data, seed=config.train.seed)
+            replica_data, seed=config.train.seed, accumulate_steps=accumulate_steps)
         assert stream.pass_length() == int(said[1])
         passes.append(int(said[1]))
         shards.append(examples(stream.batches(), stream.pass_length()))
