@@ -2,7 +2,7 @@
 
     python benchmarks/make_corpus.py --pairs 4500000 --output runs/scale/corpus_4500000 \
         [--data-dir MULTI30K] [--langs en,de] [--seed 1] [--median-words 20] [--sigma 0.65] \
-        [--eval-pairs 3000]
+        [--compound-rate 0.1] [--compound-lexicon 100000] [--eval-pairs 3000]
 
 SYNTHETIC: it measures what vocabulary building, data statistics and the input pipeline cost as
 the corpus grows (`benchmarks/scale.py`); it says nothing about translation quality. Its
@@ -28,6 +28,15 @@ order of magnitude), a 99th percentile near 90 words and, in 4.5M pairs, several
 of more than 200 words (corpus.json has the figures of each corpus). No line is shorter than
 the shortest Multi30k sentence.
 
+Multi30k's words alone give a joint SentencePiece vocabulary of about 21k pieces, where WMT14's
+is 37k. So each language also gets a lexicon of `--compound-lexicon` made-up compounds, two
+Multi30k training words of four or more letters joined, the second lowercased ("Hund" +
+"Schnee" -> "Hundschnee", "street" + "Corner" -> "streetcorner"), and each word of a line is
+replaced, with probability `--compound-rate`, by a compound drawn from a Zipf distribution
+(exponent 1.3) over that lexicon: a few frequent, most rare, as real vocabularies go. Lines keep
+their word counts; the two sides of a pair get their compounds independently (this corpus
+measures cost, not translation). `--compound-rate 0` gives Multi30k's words only.
+
 Deterministic: the same arguments write byte-identical files (gzip headers carry no time or
 name). Memory holds the Multi30k pool and one chunk of lines, whatever --pairs is.
 """
@@ -51,6 +60,9 @@ from keras_transformer.text_io import DataError, read_parallel_lines
 SOURCE_SPLITS = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
 MANIFEST = "corpus.json"
 MEDIAN_WORDS, SIGMA = 20.0, 0.65  # the default length distribution (see the module docstring)
+COMPOUND_RATE, COMPOUND_LEXICON = 0.1, 100_000  # the default compounds (module docstring)
+_COMPOUND_ZIPF = 1.3
+_COMPOUND_MIN_LETTERS = 4
 _CHUNK = 8192  # pairs generated and written at a time
 _COMPRESSLEVEL = 6
 # Histogram range of the length statistics; longer lines are counted in the last bin.
@@ -115,6 +127,36 @@ def synthetic_pairs(pool: Pool, count: int, rng: np.random.Generator, median_wor
                 picked.append(index)
                 words += pool_words[index]
             yield tuple(" ".join(pool.sides[lang][i] for i in picked) for lang in pool.langs)
+
+
+def make_lexicon(sentences: Sequence[str], size: int,
+                     rng: np.random.Generator) -> list[str]:
+    """`size` made-up compounds of the words of `sentences` (see the module docstring)."""
+    words = sorted({word for sentence in sentences for word in sentence.split()
+                    if word.isalpha() and len(word) >= _COMPOUND_MIN_LETTERS})
+    if not words:
+        raise DataError(f"no word of {_COMPOUND_MIN_LETTERS} or more letters to make compounds of")
+    return [words[first] + words[second].lower()
+            for first, second in rng.integers(len(words), size=(size, 2)).tolist()]
+
+
+def with_compounds(pairs: Iterator[tuple[str, ...]], lexicons: Sequence[list[str]], rate: float,
+                   rng: np.random.Generator) -> Iterator[tuple[str, ...]]:
+    """`pairs` with each word replaced, with probability `rate`, by a compound of its side's
+    lexicon (`lexicons` in the order of the pair's sides), Zipf-distributed over the lexicon."""
+    for pair in pairs:
+        yield tuple(_compounded(line, lexicon, rate, rng) for line, lexicon in zip(pair, lexicons))
+
+
+def _compounded(line: str, lexicon: list[str], rate: float, rng: np.random.Generator) -> str:
+    words = line.split(" ")
+    replaced = np.flatnonzero(rng.random(len(words)) < rate).tolist()
+    if not replaced:
+        return line
+    ranks = np.minimum(rng.zipf(_COMPOUND_ZIPF, size=len(replaced)) - 1, len(lexicon) - 1)
+    for position, rank in zip(replaced, ranks.tolist()):
+        words[position] = lexicon[rank]
+    return " ".join(words)
 
 
 class LengthStats:
@@ -182,10 +224,12 @@ def _write_chunk(files, stats, chunk, langs):
 
 
 def corpus_parameters(pairs: int, langs: Sequence[str], seed: int, median_words: float,
-                      sigma: float, eval_pairs: int) -> dict:
+                      sigma: float, eval_pairs: int, compound_rate: float = COMPOUND_RATE,
+                      compound_lexicon: int = COMPOUND_LEXICON) -> dict:
     """What a corpus is made from (besides the Multi30k files): equal parameters, equal files."""
     return {"pairs": pairs, "langs": list(langs), "seed": seed, "median_words": median_words,
-            "sigma": sigma, "eval_pairs": eval_pairs}
+            "sigma": sigma, "eval_pairs": eval_pairs, "compound_rate": compound_rate,
+            "compound_lexicon": compound_lexicon}
 
 
 def read_manifest(output: str | os.PathLike) -> dict | None:
@@ -197,10 +241,14 @@ def read_manifest(output: str | os.PathLike) -> dict | None:
 def write_corpus(output: str | os.PathLike, data_dir: str | os.PathLike, *, pairs: int,
                  langs: Sequence[str] = ("en", "de"), seed: int = 1,
                  median_words: float = MEDIAN_WORDS, sigma: float = SIGMA,
-                 eval_pairs: int = 3000) -> dict:
+                 eval_pairs: int = 3000, compound_rate: float = COMPOUND_RATE,
+                 compound_lexicon: int = COMPOUND_LEXICON) -> dict:
     """Writes the corpus (see the module docstring) to `output`; returns its manifest."""
     if pairs < 1 or eval_pairs < 1:
         raise ValueError(f"pairs={pairs} and eval_pairs={eval_pairs} must be positive")
+    if not 0 <= compound_rate <= 1 or compound_lexicon < 1:
+        raise ValueError(f"compound_rate={compound_rate} must be in [0, 1] and "
+                         f"compound_lexicon={compound_lexicon} positive")
     if median_words <= 0 or sigma < 0:
         raise ValueError(f"median_words={median_words} must be positive and sigma={sigma} >= 0")
     if len(set(langs)) != len(langs) or len(langs) < 2:
@@ -208,16 +256,29 @@ def write_corpus(output: str | os.PathLike, data_dir: str | os.PathLike, *, pair
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     (output / MANIFEST).unlink(missing_ok=True)  # incomplete until rewritten
-    parameters = corpus_parameters(pairs, langs, seed, median_words, sigma, eval_pairs)
+    parameters = corpus_parameters(pairs, langs, seed, median_words, sigma, eval_pairs,
+                                   compound_rate, compound_lexicon)
     manifest = {**parameters, "synthetic": "Multi30k sentence pairs recombined; measures cost, "
                                            "not translation quality (benchmarks/make_corpus.py)",
                 "splits": {}}
-    # One independent random stream per split, so the evaluation splits do not depend on --pairs.
-    streams = np.random.SeedSequence(seed).spawn(len(SOURCE_SPLITS))
-    for (split, source_split), stream in zip(SOURCE_SPLITS.items(), streams):
+    # Independent random streams: per split for its lines (so the evaluation splits do not
+    # depend on --pairs) and for its compounds (so the lines do not depend on the compounds),
+    # and one for the lexicons, made of Multi30k train's words for every split.
+    streams = np.random.SeedSequence(seed).spawn(2 * len(SOURCE_SPLITS) + 1)
+    lexicons = []
+    if compound_rate:
+        train = Pool(data_dir, SOURCE_SPLITS["train"], langs)
+        lexicon_rng = np.random.default_rng(streams[-1])
+        lexicons = [make_lexicon(train.sides[lang], compound_lexicon, lexicon_rng)
+                    for lang in langs]
+    for index, (split, source_split) in enumerate(SOURCE_SPLITS.items()):
         pool = Pool(data_dir, source_split, langs)
         count = pairs if split == "train" else eval_pairs
-        generated = synthetic_pairs(pool, count, np.random.default_rng(stream), median_words, sigma)
+        generated = synthetic_pairs(pool, count, np.random.default_rng(streams[index]),
+                                    median_words, sigma)
+        if compound_rate:
+            generated = with_compounds(generated, lexicons, compound_rate, np.random.default_rng(
+                streams[len(SOURCE_SPLITS) + index]))
         manifest["splits"][split] = {"from": f"multi30k {source_split} ({len(pool)} pairs)",
                                      "words": write_split(output, split, generated, langs)}
     (output / f".partial-{MANIFEST}").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -238,6 +299,10 @@ def parse_args(argv=None):
                         help="median of the log-normal line length drawn for each pair")
     parser.add_argument("--sigma", type=float, default=SIGMA,
                         help="shape of that log-normal: larger, a longer tail")
+    parser.add_argument("--compound-rate", type=float, default=COMPOUND_RATE,
+                        help="probability that a word is replaced by a made-up compound")
+    parser.add_argument("--compound-lexicon", type=int, default=COMPOUND_LEXICON,
+                        help="made-up compounds per language")
     parser.add_argument("--eval-pairs", type=int, default=3000,
                         help="pairs of the validation and test splits")
     args = parser.parse_args(argv)
@@ -245,6 +310,8 @@ def parse_args(argv=None):
         parser.error(f"pass --data-dir or set ${DATA_ENV} to the Multi30k folder")
     if args.pairs < 1 or args.eval_pairs < 1:
         parser.error("--pairs and --eval-pairs must be positive")
+    if not 0 <= args.compound_rate <= 1 or args.compound_lexicon < 1:
+        parser.error("--compound-rate must be in [0, 1] and --compound-lexicon positive")
     return args
 
 
@@ -254,7 +321,8 @@ def main(argv=None):
         manifest = write_corpus(args.output, args.data_dir, pairs=args.pairs,
                                 langs=tuple(args.langs.split(",")), seed=args.seed,
                                 median_words=args.median_words, sigma=args.sigma,
-                                eval_pairs=args.eval_pairs)
+                                eval_pairs=args.eval_pairs, compound_rate=args.compound_rate,
+                                compound_lexicon=args.compound_lexicon)
     except (DataError, ValueError, OSError) as error:
         sys.exit(f"make_corpus.py: error: {str(error).splitlines()[0]}")
     words = manifest["splits"]["train"]["words"][manifest["langs"][0]]

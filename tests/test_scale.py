@@ -68,6 +68,34 @@ def test_pairs_are_aligned_sentences_joined_in_the_same_order(corpus, small_pair
         assert de == " ".join(translation[s] for s in sentences)
 
 
+def test_compounds_replace_words_at_the_rate_and_keep_the_lines_and_their_lengths(
+        corpus, multi30k_dir, tmp_path):
+    """Made-up compounds widen the vocabulary towards WMT's: about `compound_rate` of the words
+    become compounds of two Multi30k words; everything else is the corpus without them."""
+    for name, rate in (("plain", 0.0), ("compounds", 0.1), ("again", 0.1)):
+        corpus.write_corpus(tmp_path / name, multi30k_dir, pairs=2000, eval_pairs=20, seed=4,
+                            compound_rate=rate)
+    assert (tmp_path / "compounds" / "train.de.gz").read_bytes() == (
+        tmp_path / "again" / "train.de.gz").read_bytes()
+    assert corpus.read_manifest(tmp_path / "compounds")["compound_rate"] == 0.1
+    multi30k_words = {word for lang in ("en", "de") for line in read_gz(
+        multi30k_dir / f"train.{lang}.gz") for word in line.split()}
+    for lang in ("en", "de"):
+        plain = read_gz(tmp_path / "plain" / f"train.{lang}.gz")
+        compounded = read_gz(tmp_path / "compounds" / f"train.{lang}.gz")
+        assert {w for line in plain for w in line.split()} <= multi30k_words
+        changed = total = 0
+        for before, after in zip(plain, compounded, strict=True):
+            before, after = before.split(), after.split()
+            assert len(before) == len(after)
+            total += len(after)
+            for old, new in zip(before, after):
+                if old != new:
+                    changed += 1
+                    assert new not in multi30k_words and len(new) >= 8 and new.isalpha()
+        assert 0.08 < changed / total < 0.12, (lang, changed / total)
+
+
 def test_the_length_tail_reaches_beyond_200_words(corpus, multi30k_dir):
     lengths = corpus.target_lengths(np.random.default_rng(0), 1_000_000, 20.0, 0.65)
     assert 24 <= lengths.mean() <= 26 and (lengths > 200).sum() > 100
@@ -80,6 +108,7 @@ def test_the_length_tail_reaches_beyond_200_words(corpus, multi30k_dir):
     (["--pairs", "0"], "--pairs and --eval-pairs must be positive"),
     (["--pairs", "10", "--data-dir", "/nonexistent"], "file not found"),
     (["--pairs", "10", "--langs", "en,en"], "give two or more different languages"),
+    (["--pairs", "10", "--compound-rate", "1.5"], "--compound-rate must be in [0, 1]"),
 ])
 def test_make_corpus_bad_input_is_one_line_error(multi30k_dir, tmp_path, arguments, message):
     command = [sys.executable, str(REPO_ROOT / "benchmarks" / "make_corpus.py"),
