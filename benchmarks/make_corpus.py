@@ -129,8 +129,7 @@ def synthetic_pairs(pool: Pool, count: int, rng: np.random.Generator, median_wor
             yield tuple(" ".join(pool.sides[lang][i] for i in picked) for lang in pool.langs)
 
 
-def make_lexicon(sentences: Sequence[str], size: int,
-                     rng: np.random.Generator) -> list[str]:
+def make_lexicon(sentences: Sequence[str], size: int, rng: np.random.Generator) -> list[str]:
     """`size` made-up compounds of the words of `sentences` (see the module docstring)."""
     words = sorted({word for sentence in sentences for word in sentence.split()
                     if word.isalpha() and len(word) >= _COMPOUND_MIN_LETTERS})

@@ -338,15 +338,13 @@ def _shared_variables(tensors: list) -> list:
     read is stored once)."""
     variables, seen = [], {}
     for tensor in tensors:
-        key = (tensor.dtype, tuple(tensor.shape))
-        for candidate, variable in seen.get(key, []):
-            if np.array_equal(candidate, tensor.numpy()):
-                variables.append(variable)
-                break
-        else:
+        value = tensor.numpy()
+        candidates = seen.setdefault((value.dtype, value.shape), [])
+        variable = next((v for other, v in candidates if np.array_equal(other, value)), None)
+        if variable is None:
             variable = tf.Variable(tensor, trainable=False)
-            seen.setdefault(key, []).append((tensor.numpy(), variable))
-            variables.append(variable)
+            candidates.append((value, variable))
+        variables.append(variable)
     return variables
 
 
