@@ -3,8 +3,10 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from keras_transformer import ModelConfig, TrainConfig, TransformerSchedule, create_optimizer
+from keras_transformer.schedules import FusedAdam
 
 
 @pytest.mark.parametrize("step", [1, 4000, 100000])
@@ -43,7 +45,49 @@ def test_schedule_round_trip_gives_the_same_rates(restore):
 
 def test_optimizer_is_the_papers_adam():
     optimizer = create_optimizer(ModelConfig(), TrainConfig(accumulate_steps=3))
-    assert isinstance(optimizer, keras.optimizers.Adam)
+    assert isinstance(optimizer, FusedAdam)
     assert (optimizer.beta_1, optimizer.beta_2, optimizer.epsilon) == (0.9, 0.98, 1e-9)
     assert optimizer.gradient_accumulation_steps is None  # the model's train_step accumulates
     assert isinstance(optimizer._learning_rate, TransformerSchedule)
+
+
+def _fit_dense(make_optimizer, strategy):
+    """A Dense layer's kernel before, then after 4 updates of `make_optimizer()` under
+    `strategy`, with its first and second moments."""
+    keras.utils.set_random_seed(0)
+    x = np.random.RandomState(0).randn(32, 6).astype("float32")
+    y = np.random.RandomState(1).randn(32, 3).astype("float32")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+        optimizer = make_optimizer()
+        model.compile(optimizer=optimizer, loss="mse")
+    initial = model.layers[0].kernel.numpy()
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    index = optimizer._get_variable_index(model.layers[0].kernel)
+    return initial, [model.layers[0].kernel.numpy(), optimizer._momentums[index].numpy(),
+            optimizer._velocities[index].numpy()]
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_fused_adam_updates_as_keras_adam(devices):
+    """The fused kernel computes Keras's Adam update (the float operations only reordered), on
+    one device and on 2 replicas; both updates move the kernel far more than they differ."""
+    def strategy():
+        return (tf.distribute.get_strategy() if devices == 1
+                else tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+
+    args = dict(learning_rate=0.05, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
+    initial, fused = _fit_dense(lambda: FusedAdam(**args), strategy())
+    _, reference = _fit_dense(lambda: keras.optimizers.Adam(**args), strategy())
+    for ours, theirs in zip(fused, reference):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-7)
+    assert np.abs(fused[0] - initial).min() > 1e-3
+
+
+def test_fused_adam_round_trips_through_keras_serialization():
+    optimizer = FusedAdam(learning_rate=TransformerSchedule(d_model=64), beta_2=0.98,
+                          epsilon=1e-9)
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    assert isinstance(restored, FusedAdam)
+    assert (restored.beta_2, restored.epsilon) == (0.98, 1e-9)
+    assert isinstance(restored._learning_rate, TransformerSchedule)
