@@ -42,8 +42,10 @@ class StepSummaries(keras.callbacks.Callback):
     - `step_learning_rate`: the learning rate at the optimizer's step;
     - `step_tokens_per_second`: target tokens over wall time since the last write.
 
-    Reads `loss` and `target_tokens` from the batch logs: both run over the epoch so far, the
-    loss weighted by target tokens (`Transformer.train_step` and `losses.TargetTokens`).
+    Reads the model's `loss` and `target_tokens` metrics (`model.get_metrics_result()`): both
+    run over the epoch so far, the loss weighted by target tokens (`Transformer.train_step` and
+    `losses.TargetTokens`). Not the batch logs: under N replicas `fit` gives each batch the mean
+    of the replicas' own running values, N times fewer tokens than the step trained on.
 
     Keras 3.15's `TensorBoard(update_freq=N)` does not do this job: its step counts the batches
     of the current `fit` (1 again after a resume), its `batch_loss` is the running mean of the
@@ -74,11 +76,12 @@ class StepSummaries(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step = self._step()
         # The step stays put for several batches under Keras's `gradient_accumulation_steps`.
-        if step == self._last_step or step % self.every_steps or not logs:
+        if step == self._last_step or step % self.every_steps:
             return
         self._last_step = step
-        now, tokens = time.perf_counter(), logs["target_tokens"]
-        losses = logs["loss"] * tokens
+        running = self.model.get_metrics_result()
+        now, tokens = time.perf_counter(), float(running["target_tokens"])
+        losses = float(running["loss"]) * tokens
         then, tokens_then, losses_then = self._mark
         self._mark = (now, tokens, losses)
         window = tokens - tokens_then

@@ -37,12 +37,14 @@ class FakeOptimizer:
 
 def run_batches(callback, monkeypatch, epochs):
     """Feeds `callback` epochs of (optimizer step after the batch, batch tokens, batch mean loss),
-    with batch logs as `fit` gives them (running over the epoch); one second per batch, and
-    10 s of validation between epochs that must not count."""
+    with the model's metrics as `fit` keeps them (running over the epoch); one second per batch,
+    and 10 s of validation between epochs that must not count."""
     clock = types.SimpleNamespace(now=0.0)
     monkeypatch.setattr(callbacks, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
     optimizer = FakeOptimizer()
-    callback.set_model(types.SimpleNamespace(optimizer=optimizer))
+    running = {}
+    callback.set_model(types.SimpleNamespace(optimizer=optimizer,
+                                             get_metrics_result=lambda: dict(running)))
     callback.on_train_begin()
     for epoch, batches in enumerate(epochs):
         callback.on_epoch_begin(epoch)
@@ -52,8 +54,8 @@ def run_batches(callback, monkeypatch, epochs):
             optimizer.iterations = step
             tokens += batch_tokens
             losses += batch_tokens * batch_loss
-            callback.on_train_batch_end(batch, {"loss": losses / tokens, "target_tokens": tokens,
-                                                "accuracy": 0.5})
+            running.update(loss=losses / tokens, target_tokens=tokens, accuracy=0.5)
+            callback.on_train_batch_end(batch, {"loss": -1.0, "target_tokens": -1.0})
         callback.on_epoch_end(epoch)
         clock.now += 10.0
     callback.on_train_end()

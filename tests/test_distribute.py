@@ -1,13 +1,18 @@
 """Training and evaluation under MirroredStrategy on 2 logical CPUs equal single-device ones."""
 
+import types
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from keras_transformer import MaskedLabelSmoothedCrossEntropy, ModelConfig, Transformer
-from keras_transformer import compat
+from keras_transformer import callbacks, compat
+from keras_transformer.losses import TargetTokens
 from keras_transformer.training import build_compiled_state, make_strategy
+
+from helpers import read_events
 
 VOCAB = 30
 
@@ -22,7 +27,7 @@ def batch_with_uneven_tokens():
     return (source, target[:, :-1]), target[:, 1:]
 
 
-def tiny_model(strategy, initial_weights, learning_rate):
+def tiny_model(strategy, initial_weights, learning_rate, metrics=None):
     """The tiny preset without dropout, compiled with plain SGD under `strategy`."""
     with strategy.scope():
         config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB,
@@ -31,7 +36,8 @@ def tiny_model(strategy, initial_weights, learning_rate):
         model.build()
         model.set_weights(initial_weights)
         model.compile(optimizer=keras.optimizers.SGD(learning_rate=learning_rate),
-                      loss=MaskedLabelSmoothedCrossEntropy(label_smoothing=0.1))
+                      loss=MaskedLabelSmoothedCrossEntropy(label_smoothing=0.1),
+                      metrics=metrics)
     return model
 
 
@@ -144,3 +150,31 @@ def test_reported_losses_are_the_mean_over_all_target_tokens():
         training_loss, evaluation_loss = losses_over_two_batches(strategy, weights)
         np.testing.assert_allclose(training_loss, expected, rtol=1e-5)
         np.testing.assert_allclose(evaluation_loss, expected, rtol=1e-5)
+
+
+def test_step_summaries_count_the_tokens_of_every_replica(tmp_path, monkeypatch):
+    """Under 2 replicas `fit`'s batch logs hold a mean of the replicas' own running values, not
+    the step's 21 target tokens; the TensorBoard step summaries read the model's metrics
+    instead: the step's tokens and its mean loss per token, as the epoch reports them."""
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(callbacks, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    tick = keras.callbacks.LambdaCallback(  # the step takes 1 s on this clock
+        on_train_batch_begin=lambda batch, logs: setattr(clock, "now", clock.now + 1.0))
+    batch_logs = []
+    record = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: batch_logs.append(dict(logs)))
+    config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB, target_vocab_size=VOCAB)
+    reference = Transformer(config)
+    reference.build()
+    model = tiny_model(make_strategy("mirrored"), reference.get_weights(), 0.1,
+                       metrics=[TargetTokens()])
+    history = model.fit(tf.data.Dataset.from_tensors(batch_with_uneven_tokens()), epochs=1,
+                        verbose=0, callbacks=[tick, record,
+                                              callbacks.StepSummaries(tmp_path, every_steps=1)])
+    assert history.history["target_tokens"] == [21.0]
+    assert batch_logs[0]["target_tokens"] < 21.0  # what the summaries must not read
+    steps = read_events(tmp_path, steps=True)
+    assert [(step, float(value)) for step, value in steps["step_tokens_per_second"]] == [
+        (1, 21.0)]
+    [(step, loss)] = steps["step_loss"]
+    assert step == 1 and float(loss) == pytest.approx(history.history["loss"][0], rel=1e-6)

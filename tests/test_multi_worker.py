@@ -20,6 +20,8 @@ from keras_transformer.text_io import read_parallel_lines
 from keras_transformer.tokenizers import load_tokenizers
 from keras_transformer.training import check_shared_vocabulary
 
+from helpers import read_events
+
 
 def free_ports(count):
     sockets = [socket.socket() for _ in range(count)]
@@ -67,7 +69,8 @@ def test_two_workers_read_disjoint_shards_that_make_the_epoch_and_end_equal(
     batches per replica."""
     write_small_corpus(multi30k_dir, tmp_path / "corpus")
     config = tiny_experiment(epochs=1, steps_per_epoch=None, strategy="auto",
-                             validation_bleu_sentences=0, accumulate_steps=accumulate_steps)
+                             validation_bleu_sentences=0, accumulate_steps=accumulate_steps,
+                             log_every_steps=2)
     config = dataclasses.replace(config, data=dataclasses.replace(
         config.data, data_dir=str(tmp_path / "corpus"), tokens_per_batch=1024))
     config_path = tmp_path / "exp.yaml"
@@ -104,6 +107,11 @@ def test_two_workers_read_disjoint_shards_that_make_the_epoch_and_end_equal(
     epoch = (passes[0] + passes[1]) // 2
     for output in outputs:
         assert f"{epoch} per epoch" in output and f"{epoch}/{epoch}" in output, output[-3000:]
+    # Every 2 steps both workers read the metrics summed over all replicas (a collective, taken
+    # at the same steps on both) for their step summaries.
+    for index in range(2):
+        steps = read_events(tmp_path / f"worker_{index}" / "logs" / "train_steps", steps=True)
+        assert [step for step, _ in steps["step_loss"]] == list(range(2, epoch + 1, 2))
     # Disjoint, and together every pair of the epoch once.
     all_pairs = data_lib.load_pairs(config.data, "train")
     everything = examples(data_lib.make_batches(all_pairs, *tokenizers, config.data,
