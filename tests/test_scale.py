@@ -221,6 +221,9 @@ def test_fit_trains_the_experiment_on_a_corpus_and_reads_its_run_back(multi30k_d
     assert figures["mfu"]["bfloat16"] == pytest.approx(
         figures["target_tokens_per_second"] * figures["flops_per_target_token"]
         / figures["peak_flops"]["bfloat16"])
+    for dtype in ("float32", "bfloat16"):  # the larger of the two measurements: MFU errs low
+        before, after = figures["peak_flops_before_after"][dtype]
+        assert figures["peak_flops"][dtype] == max(before, after) > 0
     assert figures["peak_mb"] > 100
     assert figures["params"] == Run(tmp_path / "run").load_model("last").count_params()
     state = json.loads((tmp_path / "run" / "state.json").read_text())
