@@ -116,3 +116,16 @@ def loss_tracker(model: keras.Model) -> keras.metrics.Mean:
     """
     return _require(model, "_loss_tracker", "loss_tracker")
 
+
+def adam_moments(optimizer: keras.optimizers.Adam, variable) -> tuple:
+    """The first and second moments, `(m, v)`, that Keras 3.15's Adam keeps for `variable`
+    (`Optimizer._get_variable_index`, `Adam._momentums`, `Adam._velocities`).
+
+    `schedules.FusedAdam` gives them to TensorFlow's fused `ResourceApplyAdam` kernel. Keras
+    has no public accessor for an optimizer's per-variable state (none was found among its
+    issues), and making the moments anew would break the checkpoints of Keras's Adam.
+    """
+    index = _require(optimizer, "_get_variable_index", "adam_moments")(variable)
+    return (_require(optimizer, "_momentums", "adam_moments")[index],
+            _require(optimizer, "_velocities", "adam_moments")[index])
+

@@ -4,6 +4,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_transformer import compat
 from keras_transformer.config import ModelConfig, TrainConfig
 
 
@@ -48,10 +49,9 @@ class FusedAdam(keras.optimizers.Adam):
             return super().update_step(gradient, variable, learning_rate)
         dtype = variable.dtype
         local_step = ops.cast(self.iterations + 1, dtype)
-        index = self._get_variable_index(variable)
+        m, v = compat.adam_moments(self, variable)
         return tf.raw_ops.ResourceApplyAdam(
-            var=variable.handle, m=self._momentums[index].handle,
-            v=self._velocities[index].handle,
+            var=variable.handle, m=m.handle, v=v.handle,
             beta1_power=ops.power(ops.cast(self.beta_1, dtype), local_step),
             beta2_power=ops.power(ops.cast(self.beta_2, dtype), local_step),
             lr=ops.cast(learning_rate, dtype), beta1=ops.cast(self.beta_1, dtype),

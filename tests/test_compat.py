@@ -31,6 +31,12 @@ def test_private_attributes_the_workarounds_need_exist():
     assert isinstance(compat.loss_tracker(model), keras.metrics.Mean)
     iterator = EpochIterator(x=np.zeros([4, 2]), batch_size=2)
     assert iterator._steps_seen == 0 and iterator._epoch_iterator is None
+    adam = keras.optimizers.Adam()
+    kernel = keras.Variable(np.ones([2, 3], "float32"))
+    adam.build([keras.Variable(np.ones([4], "float32")), kernel])
+    m, v = compat.adam_moments(adam, kernel)
+    assert m.shape == v.shape == (2, 3) and m is not v
+    assert m is adam._momentums[1] and v is adam._velocities[1]
 
 
 def test_a_missing_private_attribute_fails_loudly():
@@ -40,6 +46,8 @@ def test_a_missing_private_attribute_fails_loudly():
     with pytest.raises(compat.CompatError, match=r"_maybe_symbolic_build is gone.*"
                                                  r"skip_symbolic_build"):
         compat.skip_symbolic_build(renamed)
+    with pytest.raises(compat.CompatError, match=r"_get_variable_index is gone.*adam_moments"):
+        compat.adam_moments(renamed, None)
 
 
 def test_skip_symbolic_build_replaces_the_build_step():

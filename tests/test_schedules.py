@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from keras_transformer import ModelConfig, TrainConfig, TransformerSchedule, create_optimizer
 from keras_transformer.schedules import FusedAdam
+from keras_transformer.training import make_strategy
 
 
 @pytest.mark.parametrize("step", [1, 4000, 100000])
@@ -73,8 +74,7 @@ def test_fused_adam_updates_as_keras_adam(devices):
     """The fused kernel computes Keras's Adam update (the float operations only reordered), on
     one device and on 2 replicas; both updates move the kernel far more than they differ."""
     def strategy():
-        return (tf.distribute.get_strategy() if devices == 1
-                else tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+        return tf.distribute.get_strategy() if devices == 1 else make_strategy("mirrored")
 
     args = dict(learning_rate=0.05, beta_1=0.9, beta_2=0.98, epsilon=1e-9)
     initial, fused = _fit_dense(lambda: FusedAdam(**args), strategy())
