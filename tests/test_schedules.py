@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import ModelConfig, TrainConfig, TransformerSchedule, create_optimizer
+from keras_transformer import ModelConfig, TrainConfig, TransformerSchedule, compat
+from keras_transformer import create_optimizer
 from keras_transformer.schedules import FusedAdam
 from keras_transformer.training import make_strategy
 
@@ -64,9 +65,9 @@ def _fit_dense(make_optimizer, strategy):
         model.compile(optimizer=optimizer, loss="mse")
     initial = model.layers[0].kernel.numpy()
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
-    index = optimizer._get_variable_index(model.layers[0].kernel)
-    return initial, [model.layers[0].kernel.numpy(), optimizer._momentums[index].numpy(),
-            optimizer._velocities[index].numpy()]
+    kernel = model.layers[0].kernel
+    m, v = compat.adam_moments(optimizer, kernel)
+    return initial, [kernel.numpy(), m.numpy(), v.numpy()]
 
 
 @pytest.mark.parametrize("devices", [1, 2])
