@@ -137,6 +137,8 @@ def run_fit(args) -> dict:
 
 
 def report(result: dict) -> str:
+    bfloat16_peaks = " and ".join(f"{peak / 1e12:.2f}"
+                                  for peak in result["peak_flops_before_after"]["bfloat16"])
     return (f"{result['config']} ({result['name']}: {result['layers']} layers, d_model "
             f"{result['d_model']}, vocabulary {result['vocab_size']:,}, "
             f"{result['params'] / 1e6:.0f}M parameters), {result['precision']}, "
@@ -146,8 +148,7 @@ def report(result: dict) -> str:
             f"{result['windows']} windows), {result['flops_per_target_token'] / 1e6:,.0f} MFLOP "
             f"per target token, MFU {100 * result['mfu']['bfloat16']:.0f}% of the measured "
             f"bfloat16 peak ({result['peak_flops']['bfloat16'] / 1e12:.2f} TFLOP/s, the larger "
-            f"of {' and '.join(f'{v / 1e12:.2f}' for v in result['peak_flops_before_after']['bfloat16'])} "
-            f"before and after the run; "
+            f"of {bfloat16_peaks} before and after the run; "
             f"{100 * result['mfu']['float32']:.0f}% of float32's "
             f"{result['peak_flops']['float32'] / 1e12:.2f}), peak {result['peak_mb']:,.0f} MB")
 

@@ -128,4 +128,3 @@ def adam_moments(optimizer: keras.optimizers.Adam, variable) -> tuple:
     index = _require(optimizer, "_get_variable_index", "adam_moments")(variable)
     return (_require(optimizer, "_momentums", "adam_moments")[index],
             _require(optimizer, "_velocities", "adam_moments")[index])
-
