@@ -428,7 +428,11 @@ class TrainingStream:
         return _filtered_examples(pairs, *self._tokenizers, self.data_config)
 
     def _pass(self, index) -> tf.data.Dataset:
-        """The batches of pass `index` (an int64 scalar)."""
+        """The batches of pass `index` (an int64 scalar); traced by `flat_map` only."""
+        # Clearing the seed of the graph this is traced into makes the order independent of the
+        # global seed, which when 0 (mod 2**31 - 1) makes tf.data's seed check compare the
+        # tensor seed in Python and fail. Eagerly it would clear TensorFlow's kernel cache.
+        tf.random.set_seed(None)
         seed = tf.constant(self.seed, tf.int64) * 1_000_003 + index
         examples = self._examples.shuffle(self.data_config.shuffle_buffer, seed=seed,
                                           reshuffle_each_iteration=False)
@@ -443,7 +447,7 @@ class TrainingStream:
         """Elements (batches or groups) in one pass (pass 0's when sampling), counted once;
         ConfigError if none."""
         if self._pass_length is None:
-            self._pass_length = int(self._pass(tf.constant(0, tf.int64)).reduce(
+            self._pass_length = int(self._passes(0, 1).reduce(
                 tf.constant(0, tf.int64), lambda count, _: count + 1))
             if not self._pass_length:
                 config = self.data_config
@@ -455,8 +459,10 @@ class TrainingStream:
     def batches(self, start: int = 0) -> tf.data.Dataset:
         """The stream from its element `start` (0: the first), endless."""
         first_pass, skip = divmod(start, self.pass_length()) if start else (0, 0)
-        stream = tf.data.Dataset.range(first_pass, 2 ** 62).flat_map(self._pass)
-        return stream.skip(skip).prefetch(AUTOTUNE)
+        return self._passes(first_pass, 2 ** 62).skip(skip).prefetch(AUTOTUNE)
+
+    def _passes(self, first: int, end: int) -> tf.data.Dataset:
+        return tf.data.Dataset.range(first, end).flat_map(self._pass)
 
 
 def fixed_size_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,

@@ -154,6 +154,24 @@ def test_the_training_stream_resumed_at_a_batch_reads_what_the_uninterrupted_one
     assert fingerprints(new_stream(seed=8).batches(), 3) != whole[:3]
 
 
+def test_the_training_stream_order_depends_on_its_seed_alone(sentencepiece_vocab,
+                                                            multi30k_config):
+    """The passes are shuffled by `seed` and the pass index whatever TensorFlow's global seed
+    (`train.seed`, set by training, may be 0, which once failed tracing the shuffle)."""
+    config = multi30k_config(tokens_per_batch=1024, max_pair_length=32)
+
+    def first_batches(global_seed, seed):
+        tf.random.set_seed(global_seed)  # clears the kernel cache: tokenizers are loaded after
+        stream = data_lib.TrainingStream(data_lib.load_pairs(config, "train").take(500),
+                                         *load_tokenizers(*sentencepiece_vocab), config,
+                                         seed=seed)
+        return [target.numpy().tobytes() for _, target in stream.batches().take(3)]
+
+    for seed in (0, 2 ** 31 - 1, 7):
+        assert first_batches(0, seed) == first_batches(5, seed) == first_batches(None, seed)
+    assert first_batches(0, 0) != first_batches(0, 7)
+
+
 def test_a_grouped_training_stream_holds_each_pass_once_and_resumes_at_a_group(
         sentencepiece_vocab, multi30k_config):
     """With gradient accumulation the stream's elements are groups of batches of one shape: a
