@@ -16,13 +16,20 @@ language) in the same batches (sorted by length, `--batch-size`):
 
 Each row makes one untimed warm-up pass and 3 timed passes (`--repeats`) and reports the median:
 sentences/s, target tokens/s (the output's subwords plus END, counted with the run's
-tokenizer), and the ratio to CTranslate2 float32 with the same search, alpha and cores. Greedy
-outputs of the SavedModel and of CTranslate2 float32 are compared sentence by sentence.
+tokenizer), and the ratio to CTranslate2 float32 with the same search, alpha and cores. The
+rows compared with each other (same search, alpha and cores) take turns: their processes are
+loaded and warmed up one after the other, then each round times one pass of every row, one
+process running at a time, the first row of a round moving on by one each round. The speed of
+this kind of machine drifts by 10% within minutes; taking turns spreads that drift over every
+row alike, and each round gives a ratio of passes run a few seconds apart, whose range over the
+rounds the table shows. Greedy outputs of the SavedModel and of CTranslate2 float32 are
+compared sentence by sentence.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -92,9 +99,15 @@ def read_sentences(data_dir, lang: str, limit: int) -> list[str]:
 
 # ----------------------------------------------------------------------------- one row
 
-def row_process(spec: dict) -> dict:
-    """Runs one row in this process: loads the model, times it, returns the outputs and the
-    seconds of each timed pass."""
+# Lines of the row processes' protocol on their stdout start with this; anything else a library
+# prints there is ignored.
+_REPLY = "@row "
+
+
+def row_server(spec: dict) -> None:
+    """One row's process: loads the model, makes the warm-up pass, says it is ready, then on
+    each "pass" line of stdin makes a timed pass and replies with its seconds, and on "outputs"
+    replies with the translations of the last pass."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < spec["cores"]:
         raise SystemExit(f"decode.py: {spec['cores']} cores asked, {len(cpus)} available")
@@ -109,7 +122,67 @@ def row_process(spec: dict) -> dict:
         return outputs, time.perf_counter() - start
 
     outputs, _ = one_pass()  # warm-up: tracing, loading, first allocations
-    return {"seconds": [one_pass()[1] for _ in range(spec["repeats"])], "outputs": outputs}
+    print(_REPLY + "ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "pass":
+            outputs, seconds = one_pass()
+            print(_REPLY + json.dumps(seconds), flush=True)
+        elif line.strip() == "outputs":
+            print(_REPLY + json.dumps(outputs), flush=True)
+
+
+class RowProcess:
+    """A row's process (`row_server`), started, loaded and warmed up when this returns."""
+
+    def __init__(self, spec: dict):
+        self.name = f"{spec['variant']} {spec['search']}"
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(spec, f)
+        self._spec_path = f.name
+        self._stderr = tempfile.TemporaryFile("w+")
+        self._process = subprocess.Popen(
+            [sys.executable, __file__, "--row", f.name], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+        self._reply()  # "ready"
+
+    def timed_pass(self) -> float:
+        return float(self._ask("pass"))
+
+    def finish(self) -> list[str]:
+        """The outputs of the last pass; the process ends."""
+        outputs = json.loads(self._ask("outputs"))
+        self._process.stdin.close()
+        self._process.wait()
+        os.unlink(self._spec_path)
+        return outputs
+
+    def _ask(self, command: str) -> str:
+        self._process.stdin.write(command + "\n")
+        self._process.stdin.flush()
+        return self._reply()
+
+    def _reply(self) -> str:
+        for line in self._process.stdout:
+            if line.startswith(_REPLY):
+                return line[len(_REPLY):].strip()
+        self._process.wait()
+        self._stderr.seek(0)
+        raise SystemExit(f"decode.py: row {self.name} failed:\n{self._stderr.read()[-3000:]}")
+
+
+def run_group(specs: list[dict], repeats: int, start=RowProcess) -> list[dict]:
+    """The rows of `specs` taking turns: each process is started (`start(spec)`: loaded and
+    warmed up) after the one before, then `repeats` rounds time one pass of every row, the
+    first row of round r being row r (mod the number of rows). Returns each row's
+    `{"seconds": [per round], "outputs": [...]}`."""
+    processes = [start(spec) for spec in specs]
+    seconds = [[] for _ in specs]
+    for round_index in range(repeats):
+        for offset in range(len(specs)):
+            row = (round_index + offset) % len(specs)
+            seconds[row].append(processes[row].timed_pass())
+    return [{"seconds": row_seconds, "outputs": process.finish()}
+            for process, row_seconds in zip(processes, seconds)]
 
 
 def load_row_model(spec: dict):
@@ -202,40 +275,40 @@ def rows(args, paths: dict, alphas: list[float]):
                            "cores": cores, "path": str(paths[variant, alpha or alphas[0]])}
 
 
-def run_row(spec: dict) -> dict:
-    """Runs `row_process(spec)` in a fresh Python process and returns its result."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(spec, f)
-    command = [sys.executable, __file__, "--row", f.name]
-    done = subprocess.run(command, capture_output=True, text=True)
-    os.unlink(f.name)
-    if done.returncode != 0:
-        raise SystemExit(f"decode.py: row {spec['variant']} {spec['search']} failed:\n"
-                         f"{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def _group_key(spec: dict) -> tuple:
+    """The rows compared with each other, which take turns (`run_group`)."""
+    return spec["search"], spec["alpha"], spec["cores"]
 
 
 def print_table(results: list[dict]) -> None:
     header = (f"{'model':<16}{'search':<12}{'cores':>6}{'sentences/s':>13}{'tokens/s':>11}"
-              f"{'vs ct2 fp32':>13}")
+              f"{'vs ct2 fp32':>13}{'per round':>13}")
     print(header)
     print("-" * len(header))
     for row in results:
         search = row["search"] if row["alpha"] is None else (
             f"beam{row['beam']} a{row['alpha']:g}")
         ratio = "-" if row.get("ratio") is None else f"{row['ratio']:.2f}x"
+        rounds = row.get("round_ratios")
+        spread = (f"{min(rounds):.2f}-{max(rounds):.2f}x"
+                  if rounds and row["variant"] != REFERENCE else "-")
         print(f"{row['variant']:<16}{search:<12}{row['cores']:>6}"
               f"{row['sentences_per_second']:>13.1f}{row['tokens_per_second']:>11.0f}"
-              f"{ratio:>13}", flush=True)
+              f"{ratio:>13}{spread:>13}", flush=True)
 
 
 def add_ratios(results: list[dict]) -> None:
-    """Each row's sentences/s over CTranslate2 float32's with the same search, alpha, cores."""
-    reference = {(r["search"], r["alpha"], r["cores"]): r["sentences_per_second"]
-                 for r in results if r["variant"] == REFERENCE}
+    """Each row's sentences/s over CTranslate2 float32's with the same search, alpha, cores.
+    Rows with the per-round `seconds` of `run_group` also get `round_ratios`: the ratio of
+    each round's passes (the reference's seconds over the row's)."""
+    reference = {(r["search"], r["alpha"], r["cores"]): r for r in results
+                 if r["variant"] == REFERENCE}
     for row in results:
         base = reference.get((row["search"], row["alpha"], row["cores"]))
-        row["ratio"] = row["sentences_per_second"] / base if base else None
+        row["ratio"] = (row["sentences_per_second"] / base["sentences_per_second"] if base
+                        else None)
+        if base and "seconds" in row and len(row["seconds"]) == len(base["seconds"]):
+            row["round_ratios"] = [b / s for b, s in zip(base["seconds"], row["seconds"])]
 
 
 def compare_outputs(results: list[dict]) -> list[str]:
@@ -259,8 +332,7 @@ def compare_outputs(results: list[dict]) -> list[str]:
 
 def main(argv=None) -> int:
     if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--row":
-        spec = json.loads(Path(sys.argv[2]).read_text())
-        print(json.dumps(row_process(spec)))
+        row_server(json.loads(Path(sys.argv[2]).read_text()))
         return 0
     args = parse_args(argv)
     from keras_transformer.config import ConfigError
@@ -281,23 +353,24 @@ def main(argv=None) -> int:
     print(f"run {args.run} ({args.weights} weights); {len(sentences)} sentences of "
           f"test_2016_flickr.{config.data.source_lang}; batch {args.batch_size}; beam "
           f"{args.beam}; alphas {alphas}; stopping {_rule(args, config.decode)}; median of "
-          f"{args.repeats} passes after a warm-up; "
+          f"{args.repeats} rounds after a warm-up, the rows of a group taking turns; "
           f"{cpu}; load average {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="decode_bench_") as root:
         paths = export_variants(args, translator, Path(root), alphas)
         results = []
-        for spec in rows(args, paths, alphas):
-            spec.update(sentences=sentences, batch_size=args.batch_size, repeats=args.repeats)
-            result = run_row(spec)
-            seconds = statistics.median(result["seconds"])
-            tokens = count_target_tokens(translator.target_tokenizer, result["outputs"])
-            result.update(sentences_per_second=len(sentences) / seconds,
-                          tokens_per_second=tokens / seconds)
-            results.append({**{k: spec[k] for k in ("variant", "search", "alpha", "cores")},
-                            "beam": args.beam, **result})
-            print(f"  {spec['variant']} {spec['search']} alpha {spec['alpha']} cores "
-                  f"{spec['cores']}: {result['sentences_per_second']:.1f} sentences/s",
-                  file=sys.stderr, flush=True)
+        for _, group in itertools.groupby(rows(args, paths, alphas), key=_group_key):
+            specs = [dict(spec, sentences=sentences, batch_size=args.batch_size)
+                     for spec in group]
+            for spec, result in zip(specs, run_group(specs, args.repeats)):
+                seconds = statistics.median(result["seconds"])
+                tokens = count_target_tokens(translator.target_tokenizer, result["outputs"])
+                result.update(sentences_per_second=len(sentences) / seconds,
+                              tokens_per_second=tokens / seconds)
+                results.append({**{k: spec[k] for k in ("variant", "search", "alpha", "cores")},
+                                "beam": args.beam, **result})
+                print(f"  {spec['variant']} {spec['search']} alpha {spec['alpha']} cores "
+                      f"{spec['cores']}: {result['sentences_per_second']:.1f} sentences/s",
+                      file=sys.stderr, flush=True)
     add_ratios(results)
     print_table(results)
     for line in compare_outputs(results):

@@ -155,6 +155,41 @@ def test_decode_ratios_are_to_ctranslate2_float32_of_the_same_search_and_cores(d
     assert [row["ratio"] for row in rows] == [1.0, 1.0, 0.5, 1.5, 1.0, 0.25, None]
 
 
+def test_decode_rows_of_a_group_take_turns_one_pass_at_a_time(decode_bench):
+    """Every row is loaded before the first timed pass, each round times every row once, the
+    first row of a round moves on by one, and each row keeps its own seconds and outputs."""
+    events = []
+
+    class FakeRow:
+        def __init__(self, spec):
+            self.name, self.passes = spec["variant"], 0
+            events.append(("start", self.name))
+
+        def timed_pass(self):
+            self.passes += 1
+            events.append(("pass", self.name))
+            return {"a": 1.0, "b": 2.0, "c": 4.0}[self.name] * self.passes
+
+        def finish(self):
+            return [self.name]
+
+    specs = [{"variant": name} for name in "abc"]
+    results = decode_bench.run_group(specs, 3, start=FakeRow)
+    assert events[:3] == [("start", "a"), ("start", "b"), ("start", "c")]
+    assert [name for _, name in events[3:]] == list("abc" "bca" "cab")
+    assert results == [{"seconds": [1.0, 2.0, 3.0], "outputs": ["a"]},
+                       {"seconds": [2.0, 4.0, 6.0], "outputs": ["b"]},
+                       {"seconds": [4.0, 8.0, 12.0], "outputs": ["c"]}]
+
+
+def test_decode_round_ratios_compare_the_passes_of_each_round(decode_bench):
+    rows = [dict(decode_row("ct2_float32", "greedy", 1, 10.0), seconds=[1.0, 1.2, 0.9]),
+            dict(decode_row("savedmodel", "greedy", 1, 5.0), seconds=[2.0, 2.0, 3.0])]
+    decode_bench.add_ratios(rows)
+    assert rows[1]["round_ratios"] == [0.5, 0.6, 0.3]
+    assert rows[1]["ratio"] == 0.5
+
+
 def test_decode_output_comparison_counts_identical_sentences(decode_bench):
     rows = [decode_row("ct2_float32", "greedy", 1, 1.0, outputs=("a", "b", "c")),
             decode_row("savedmodel", "greedy", 1, 1.0, outputs=("a", "x", "c")),
