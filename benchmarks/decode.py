@@ -20,9 +20,9 @@ tokenizer), and the ratio to CTranslate2 float32 with the same search, alpha and
 rows compared with each other (same search, alpha and cores) take turns: their processes are
 loaded and warmed up one after the other, then each round times one pass of every row, one
 process running at a time, the first row of a round moving on by one each round. The speed of
-this kind of machine drifts by 10% within minutes; taking turns spreads that drift over every
-row alike, and each round gives a ratio of passes run a few seconds apart, whose range over the
-rounds the table shows. Greedy outputs of the SavedModel and of CTranslate2 float32 are
+these machines drifts within minutes (experiments/log/2026-11-27.md); taking turns spreads that
+drift over every row alike, and each round gives a ratio of passes run seconds apart, whose
+range over the rounds the table shows. Greedy outputs of the SavedModel and of CTranslate2 float32 are
 compared sentence by sentence.
 """
 
@@ -153,6 +153,7 @@ class RowProcess:
         outputs = json.loads(self._ask("outputs"))
         self._process.stdin.close()
         self._process.wait()
+        self._stderr.close()
         os.unlink(self._spec_path)
         return outputs
 

@@ -108,8 +108,8 @@ def run_fit(args) -> dict:
 
     train_benchmark = load_sibling("train")
     dtypes = ("float32", "bfloat16")
-    # This machine's matmul speed drifts by up to a fifth within the hour: the peak is the
-    # larger of a measurement before and one after the run, so that MFU errs low.
+    # This machine's matmul speed drifts within the hour (experiments/log/2026-11-27.md): the
+    # peak is the larger of a measurement before and one after the run, so that MFU errs low.
     before = {dtype: train_benchmark.measure_matmul_peak(dtype) for dtype in dtypes}
     history = training.train(fit_config(args), args.run_dir, verbose=2, overwrite=True)
     measured = {dtype: [before[dtype], train_benchmark.measure_matmul_peak(dtype)]
