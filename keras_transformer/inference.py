@@ -18,8 +18,13 @@ layers (the one source of truth, read once per batch) and
 - multiplies float32 matrices with Eigen's kernel rather than oneDNN's (see `_matmul`), except
   for the output projection, whose `[d_model, vocab]` kernel is large enough for oneDNN to win.
 
-`EncoderPass` does the same for the encoder (one fused q|k|v matmul per layer over the
-`[batch * source_len, d_model]` rows instead of Keras' three einsums and their transposes).
+`EncoderPass` does the same for the encoder (one fused q|k|v matmul per layer instead of
+Keras' three einsums and their transposes). Its dense layers, LayerNorms and residual sums
+run on the real source tokens only, packed as `[tokens, d_model]` rows; only attention sees
+the padded `[batch, source_len]` layout. A batch's sources differ in subwords even when sorted
+by words, and padding is work no output needs. `DecoderStep.precompute` projects the
+cross-attention keys/values of the real tokens alone the same way. XLA needs static shapes:
+`pack=False` keeps every position.
 
 `Transformer.decode_step` and `Transformer.encode` stay the references: tests check that both
 paths give the same logits and encoder outputs.
@@ -56,8 +61,9 @@ class DecoderStep:
     the logits agree to float32 rounding.
     """
 
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Transformer, pack: bool = True):
         self.model = model
+        self.pack = pack  # precompute: project the real source tokens only
         config = model.config
         self.num_layers = config.num_layers
         self.d_model = config.d_model
@@ -119,9 +125,14 @@ class DecoderStep:
         [batch, heads, source_len, head_dim]]}`."""
         batch, length = tf.shape(context)[0], tf.shape(context)[1]
         flat = tf.reshape(tf.cast(context, self.dtype), [-1, self.d_model])  # [batch * len, d]
+        if self.pack:  # padded keys/values are masked: zeros do
+            rows = _real_rows(source_mask)
+            flat = tf.gather(flat, rows)  # [tokens, d]
         layers = []
         for layer in weights["layers"]:
             kv = _matmul(flat, layer["cross_kv_kernel"]) + layer["cross_kv_bias"]
+            if self.pack:
+                kv = _unpack(kv, rows, batch * length)  # [batch * len, 2d]
             kv = tf.reshape(kv, [batch, length, 2, self.num_heads, self.head_dim])
             kv = tf.transpose(kv, [2, 0, 3, 1, 4])  # [2, batch, heads, len, head_dim]
             layers.append({"key": kv[0], "value": kv[1]})
@@ -222,11 +233,13 @@ class EncoderPass:
         encoder = EncoderPass(model)
         context, source_mask = encoder(encoder.read_weights(), source_ids)
 
-    Gives `Transformer.encode(source_ids, training=False)` to float32 rounding.
+    Gives `Transformer.encode(source_ids, training=False)` to float32 rounding at the real
+    positions; with `pack` (the default) the padded positions of the context are zeros.
     """
 
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Transformer, pack: bool = True):
         self.model = model
+        self.pack = pack
         config = model.config
         self.d_model = config.d_model
         self.num_heads = config.num_heads
@@ -261,27 +274,47 @@ class EncoderPass:
         d, heads, head_dim = self.d_model, self.num_heads, self.head_dim
         source_mask = tf.not_equal(source_ids, PAD_ID)
         batch, length = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
-        x = tf.gather(weights["embeddings"], source_ids)  # [batch, len, d]
+        ids = tf.reshape(source_ids, [-1])  # [batch * len]
+        positions = tf.tile(tf.range(length), [batch])
+        if self.pack:  # x holds the real tokens' rows only
+            rows = _real_rows(source_mask)  # [tokens]
+            ids, positions = tf.gather(ids, rows), tf.gather(positions, rows)
+        x = tf.gather(weights["embeddings"], ids)  # [rows, d]
         if x.dtype != self.dtype:
             x = tf.cast(x, self.dtype)
         x = x * tf.cast(math.sqrt(d), self.dtype)
-        positions = weights["positions"][:length]
+        positions = tf.gather(weights["positions"], positions)
         x = x + (positions if self.dtype == tf.float32 else tf.cast(positions, self.dtype))
-        x = tf.reshape(x, [-1, d])  # [batch * len, d]
         mask = source_mask[:, None, None, :]  # [batch, 1, 1, len]
         for layer in weights["layers"]:
             h = _layer_norm(x, layer["self_norm"]) if self.pre_norm else x
-            qkv = _matmul(h, layer["qkv_kernel"]) + layer["qkv_bias"]
+            qkv = _matmul(h, layer["qkv_kernel"]) + layer["qkv_bias"]  # [rows, 3d]
+            if self.pack:  # padded keys/values are masked: zeros do
+                qkv = _unpack(qkv, rows, batch * length)
             qkv = tf.transpose(tf.reshape(qkv, [batch, length, 3, heads, head_dim]),
                                [2, 0, 3, 1, 4])  # [3, batch, heads, len, head_dim]
             y = _attention(qkv[0], qkv[1], qkv[2], mask)  # [batch, heads, len, head_dim]
-            y = tf.reshape(tf.transpose(y, [0, 2, 1, 3]), [-1, d])
+            y = tf.reshape(tf.transpose(y, [0, 2, 1, 3]), [-1, d])  # [batch * len, d]
+            if self.pack:
+                y = tf.gather(y, rows)
             y = _matmul(y, layer["self_out_kernel"]) + layer["self_out_bias"]
             x = x + y if self.pre_norm else _layer_norm(x + y, layer["self_norm"])
             x = _feed_forward(x, layer, self.pre_norm)
         if "final_norm" in weights:
             x = _layer_norm(x, weights["final_norm"])
+        if self.pack:
+            x = _unpack(x, rows, batch * length)
         return tf.reshape(x, [batch, length, d]), source_mask
+
+
+def _real_rows(mask):
+    """int32 `[tokens]`: the indices of the True positions of `mask` `[batch, len]`, flattened."""
+    return tf.cast(tf.where(tf.reshape(mask, [-1]))[:, 0], tf.int32)
+
+
+def _unpack(values, rows, num_rows):
+    """`[tokens, n]` values at `rows` of a `[num_rows, n]` tensor of zeros."""
+    return tf.scatter_nd(rows[:, None], values, tf.stack([num_rows, tf.shape(values)[1]]))
 
 
 def _value(variable, dtype):

@@ -282,7 +282,7 @@ class Translator(tf.Module):
 
     @property
     def _decoder_step(self) -> DecoderStep:
-        return DecoderStep(self.model)
+        return DecoderStep(self.model, pack=not self.jit_compile)
 
     def _step_function(self, source_ids, beams: int = 1):
         """The search's `symbols_to_logits_fn` over the encoded source, and its context (the
@@ -298,7 +298,8 @@ class Translator(tf.Module):
         """
         growing = self._growing_caches
         if self._fast_step:
-            encoder, decoder = EncoderPass(self.model), self._decoder_step
+            encoder = EncoderPass(self.model, pack=not self.jit_compile)
+            decoder = self._decoder_step
             if self.frozen_weights:
                 weights = tf.nest.pack_sequence_as(
                     self._weight_structure, [tf.convert_to_tensor(v)

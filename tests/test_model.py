@@ -203,23 +203,47 @@ def test_inference_step_shares_each_sentences_memory_among_its_beams():
         np.testing.assert_allclose(shared, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("pack", [True, False])
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_inference_encoder_equals_keras_encode(norm):
+def test_inference_encoder_equals_keras_encode(norm, pack):
     """`inference.EncoderPass` gives `Transformer.encode`'s output and mask on a padded batch,
-    to float32 rounding."""
+    to float32 rounding; packed (the real tokens only), its padded positions are zeros."""
     from keras_transformer.inference import EncoderPass
 
     model = Transformer(tiny(norm=norm))
     source, target = random_batch(seed=7)
     model((source, target))
     context, mask = model.encode(source, training=False)
-    encoder = EncoderPass(model)
+    encoder = EncoderPass(model, pack=pack)
     fast_context, fast_mask = encoder(encoder.read_weights(), tf.constant(source))
     assert not np.all(mask)  # the batch has padding
     np.testing.assert_array_equal(fast_mask, mask)
     real = np.asarray(mask)
     np.testing.assert_allclose(np.asarray(fast_context)[real], np.asarray(context)[real],
                                atol=1e-5, rtol=1e-5)
+    if pack:
+        assert not np.asarray(fast_context)[~real].any()
+
+
+def test_inference_memory_of_the_real_source_tokens_only():
+    """`DecoderStep.precompute` with `pack` projects the real tokens alone: their keys and
+    values are those of the padded layout, the padded positions' are zeros."""
+    from keras_transformer.inference import DecoderStep
+
+    model = Transformer(tiny())
+    source, target = random_batch(seed=7)
+    model((source, target))
+    context, mask = model.encode(source, training=False)
+    real = np.asarray(mask)
+    packed, padded = (DecoderStep(model, pack=pack) for pack in (True, False))
+    weights = packed.read_weights()
+    for layer, full in zip(packed.precompute(weights, context, mask)["layers"],
+                           padded.precompute(weights, context, mask)["layers"]):
+        for name in ("key", "value"):
+            got = np.transpose(np.asarray(layer[name]), [0, 2, 1, 3])  # [batch, len, heads, dim]
+            want = np.transpose(np.asarray(full[name]), [0, 2, 1, 3])
+            np.testing.assert_allclose(got[real], want[real], atol=1e-6)
+            assert not got[~real].any()
 
 
 def test_inference_step_under_mixed_bfloat16():
