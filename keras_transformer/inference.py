@@ -120,9 +120,9 @@ class DecoderStep:
     # ------------------------------------------------------------------ per batch
 
     def precompute(self, weights: dict, context, source_mask) -> dict:
-        """The cross-attention keys/values of the encoder output and the source mask:
-        `{"mask": bool [batch, 1, 1, source_len], "layers": [{"key", "value"}
-        [batch, heads, source_len, head_dim]]}`."""
+        """The cross-attention keys/values of the encoder output and the source mask as an
+        attention bias: `{"bias": float32 [batch, 1, 1, source_len], "layers": [{"key",
+        "value"} [batch, heads, source_len, head_dim]]}`."""
         batch, length = tf.shape(context)[0], tf.shape(context)[1]
         flat = tf.reshape(tf.cast(context, self.dtype), [-1, self.d_model])  # [batch * len, d]
         if self.pack:  # padded keys/values are masked: zeros do
@@ -136,7 +136,7 @@ class DecoderStep:
             kv = tf.reshape(kv, [batch, length, 2, self.num_heads, self.head_dim])
             kv = tf.transpose(kv, [2, 0, 3, 1, 4])  # [2, batch, heads, len, head_dim]
             layers.append({"key": kv[0], "value": kv[1]})
-        return {"mask": source_mask[:, None, None, :], "layers": layers}
+        return {"bias": _attention_bias(source_mask[:, None, None, :]), "layers": layers}
 
     def init_cache(self, batch_size, max_decode_length=None) -> list:
         """Per layer, self-attention `{"key", "value"}` caches of zeros, head-major
@@ -174,7 +174,7 @@ class DecoderStep:
         x = x + (position if self.dtype == tf.float32 else tf.cast(position, self.dtype))
         if not growing:
             max_len = tf.shape(cache[0]["key"])[2]
-            self_mask = (tf.range(max_len) <= step)[None, None, None, :]  # [1, 1, 1, max_len]
+            self_bias = _attention_bias((tf.range(max_len) <= step)[None, None, None, :])
             write = tf.cast(tf.equal(tf.range(max_len), step), self.dtype)[None, None, :, None]
         head_shape = [-1, heads, 1, head_dim]
         new_cache = []
@@ -191,7 +191,7 @@ class DecoderStep:
             else:
                 key = layer_cache["key"] * (1 - write) + k * write
                 value = layer_cache["value"] * (1 - write) + v * write
-                y = self._attend(q, key, value, self_mask)
+                y = self._attend(q, key, value, self_bias)
             new_cache.append({"key": key, "value": value})
             y = _matmul(y, layer["self_out_kernel"]) + layer["self_out_bias"]
             x = x + y if self.pre_norm else _layer_norm(x + y, layer["self_norm"])
@@ -200,10 +200,10 @@ class DecoderStep:
             q = _matmul(h, layer["cross_q_kernel"]) + layer["cross_q_bias"]
             if beams == 1:
                 y = self._attend(tf.reshape(q, head_shape), layer_memory["key"],
-                                 layer_memory["value"], memory["mask"])
+                                 layer_memory["value"], memory["bias"])
             else:  # one [beams, source_len] attention per sentence and head
                 q = tf.transpose(tf.reshape(q, [-1, beams, heads, head_dim]), [0, 2, 1, 3])
-                y = _attention(q, layer_memory["key"], layer_memory["value"], memory["mask"])
+                y = _attention(q, layer_memory["key"], layer_memory["value"], memory["bias"])
                 y = tf.reshape(tf.transpose(y, [0, 2, 1, 3]), [-1, d])
             y = _matmul(y, layer["cross_out_kernel"]) + layer["cross_out_bias"]
             x = x + y if self.pre_norm else _layer_norm(x + y, layer["cross_norm"])
@@ -218,11 +218,11 @@ class DecoderStep:
             logits = tf.cast(logits, tf.float32)
         return logits, new_cache
 
-    def _attend(self, q, key, value, mask):
+    def _attend(self, q, key, value, bias):
         """`q` `[batch, heads, 1, dim]` (pre-scaled) over `key`/`value` `[batch, heads, len,
-        dim]`; `mask` bool broadcastable to `[batch, heads, 1, len]` or None.
+        dim]`; `bias` from `_attention_bias`, broadcastable to `[batch, heads, 1, len]`, or None.
         Returns `[batch, d_model]`."""
-        return tf.reshape(_attention(q, key, value, mask), [-1, self.d_model])
+        return tf.reshape(_attention(q, key, value, bias), [-1, self.d_model])
 
 
 class EncoderPass:
@@ -285,7 +285,7 @@ class EncoderPass:
         x = x * tf.cast(math.sqrt(d), self.dtype)
         positions = tf.gather(weights["positions"], positions)
         x = x + (positions if self.dtype == tf.float32 else tf.cast(positions, self.dtype))
-        mask = source_mask[:, None, None, :]  # [batch, 1, 1, len]
+        bias = _attention_bias(source_mask[:, None, None, :])  # [batch, 1, 1, len]
         for layer in weights["layers"]:
             h = _layer_norm(x, layer["self_norm"]) if self.pre_norm else x
             qkv = _matmul(h, layer["qkv_kernel"]) + layer["qkv_bias"]  # [rows, 3d]
@@ -293,7 +293,7 @@ class EncoderPass:
                 qkv = _unpack(qkv, rows, batch * length)
             qkv = tf.transpose(tf.reshape(qkv, [batch, length, 3, heads, head_dim]),
                                [2, 0, 3, 1, 4])  # [3, batch, heads, len, head_dim]
-            y = _attention(qkv[0], qkv[1], qkv[2], mask)  # [batch, heads, len, head_dim]
+            y = _attention(qkv[0], qkv[1], qkv[2], bias)  # [batch, heads, len, head_dim]
             y = tf.reshape(tf.transpose(y, [0, 2, 1, 3]), [-1, d])  # [batch * len, d]
             if self.pack:
                 y = tf.gather(y, rows)
@@ -363,15 +363,22 @@ def _fused_qkv(mha, d: int, scale: float, dtype) -> dict:
     }
 
 
-def _attention(q, key, value, mask):
+def _attention_bias(mask):
+    """float32 0 where `mask` is True, `_LARGE_NEGATIVE` where it is False: added to attention
+    logits, it gives exactly the masked logits (a logit is far below half an ulp of the bias),
+    and an add costs less than a broadcasting select at every step."""
+    return tf.where(mask, 0.0, _LARGE_NEGATIVE)
+
+
+def _attention(q, key, value, bias):
     """Scaled dot-product attention of pre-scaled `q` `[batch, heads, q_len, dim]` over
-    `key`/`value` `[batch, heads, len, dim]`; `mask` bool broadcastable to `[batch, heads,
-    q_len, len]` or None. Returns `[batch, heads, q_len, dim]`."""
+    `key`/`value` `[batch, heads, len, dim]`; `bias` from `_attention_bias`, broadcastable to
+    `[batch, heads, q_len, len]`, or None. Returns `[batch, heads, q_len, dim]`."""
     logits = _matmul(q, key, transpose_b=True)  # [batch, heads, q_len, len]
     if logits.dtype != tf.float32:
         logits = tf.cast(logits, tf.float32)
-    if mask is not None:
-        logits = tf.where(mask, logits, _LARGE_NEGATIVE)
+    if bias is not None:
+        logits += bias
     # Softmax's arithmetic in element-wise ops: oneDNN's Softmax kernel, which TensorFlow
     # substitutes for tf.nn.softmax, costs more per call on the loop's small, changing shapes.
     exp = tf.exp(logits - tf.reduce_max(logits, axis=-1, keepdims=True))

@@ -225,6 +225,18 @@ def test_inference_encoder_equals_keras_encode(norm, pack):
         assert not np.asarray(fast_context)[~real].any()
 
 
+def test_attention_bias_gives_the_masked_logits_exactly():
+    """Adding `inference._attention_bias(mask)` to logits gives, bit for bit, the logits with
+    the masked positions replaced by the large negative value (what a select would give)."""
+    from keras_transformer.inference import _LARGE_NEGATIVE, _attention_bias
+
+    rng = np.random.default_rng(0)
+    logits = tf.constant(rng.normal(scale=50.0, size=(3, 2, 4, 6)), tf.float32)
+    mask = tf.constant(rng.random((3, 1, 1, 6)) > 0.4)
+    np.testing.assert_array_equal(logits + _attention_bias(mask),
+                                  tf.where(mask, logits, _LARGE_NEGATIVE))
+
+
 def test_inference_memory_of_the_real_source_tokens_only():
     """`DecoderStep.precompute` with `pack` projects the real tokens alone: their keys and
     values are those of the padded layout, the padded positions' are zeros."""
