@@ -302,10 +302,9 @@ def add_ratios(results: list[dict]) -> None:
     """Each row's sentences/s over CTranslate2 float32's with the same search, alpha, cores.
     Rows with the per-round `seconds` of `run_group` also get `round_ratios`: the ratio of
     each round's passes (the reference's seconds over the row's)."""
-    reference = {(r["search"], r["alpha"], r["cores"]): r for r in results
-                 if r["variant"] == REFERENCE}
+    reference = {_group_key(r): r for r in results if r["variant"] == REFERENCE}
     for row in results:
-        base = reference.get((row["search"], row["alpha"], row["cores"]))
+        base = reference.get(_group_key(row))
         row["ratio"] = (row["sentences_per_second"] / base["sentences_per_second"] if base
                         else None)
         if base and "seconds" in row and len(row["seconds"]) == len(base["seconds"]):

@@ -275,15 +275,15 @@ class EncoderPass:
         source_mask = tf.not_equal(source_ids, PAD_ID)
         batch, length = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
         ids = tf.reshape(source_ids, [-1])  # [batch * len]
-        positions = tf.tile(tf.range(length), [batch])
+        position_ids = tf.tile(tf.range(length), [batch])
         if self.pack:  # x holds the real tokens' rows only
             rows = _real_rows(source_mask)  # [tokens]
-            ids, positions = tf.gather(ids, rows), tf.gather(positions, rows)
+            ids, position_ids = tf.gather(ids, rows), tf.gather(position_ids, rows)
         x = tf.gather(weights["embeddings"], ids)  # [rows, d]
         if x.dtype != self.dtype:
             x = tf.cast(x, self.dtype)
         x = x * tf.cast(math.sqrt(d), self.dtype)
-        positions = tf.gather(weights["positions"], positions)
+        positions = tf.gather(weights["positions"], position_ids)
         x = x + (positions if self.dtype == tf.float32 else tf.cast(positions, self.dtype))
         bias = _attention_bias(source_mask[:, None, None, :])  # [batch, 1, 1, len]
         for layer in weights["layers"]:
