@@ -197,7 +197,7 @@ def _compact_greedy(next_tokens, initial_state, context, caps, start, empty_outp
 def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, max_decode_length,
                 alpha=0.6, start_id=1, end_id=2, length_caps=None, num_hypotheses=1,
                 state_shape_invariants=None, stopping="exact", patience=1.0, context=None,
-                tile_context=True, compact=False):
+                tile_context=True, compact=False, first_step_fn=None):
     """Batched beam search with the GNMT length penalty; returns the n best hypotheses.
 
     Each step expands the `beam_size` alive hypotheses of a sentence by every token and keeps the
@@ -249,6 +249,13 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
             for the `beam_size` consecutive rows of its ids (so that attention over it can
             share the sentence's keys among its beams).
         compact: drop done sentences from the batch, as in `greedy_search` (not under XLA).
+        first_step_fn: optional step function for step 0 on one row per sentence: `(ids [batch],
+            step, state [batch, ...]) -> (logits [batch, vocab], state [batch, ...])`, with
+            `context` `(ids, step, state, context)` and the context untiled. The beams of a
+            sentence start from the same START and state, so their step-0 logits are one
+            sentence's: run once per sentence, then tiled to the beams (as CTranslate2 expands
+            the batch only after the first step), step 0 costs a `beam_size`th of the rows.
+            Needs `max_decode_length >= 1`.
 
     Returns:
         ids: int32 `[batch, num_hypotheses, max_decode_length]`, best first, without START, END included
@@ -285,18 +292,26 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
     has_context = context is not None
     if not has_context:
         context = ()  # an empty structure the loops can carry
-    elif tile_context:
+    sentence_state, sentence_context = initial_state, context  # one row per sentence
+    if has_context and tile_context:
         context = tf.nest.map_structure(lambda t: tile_beams(t, beam_size), context)
 
+    def call(fn, ids, step, state, context):
+        return fn(ids, step, state, context) if has_context else fn(ids, step, state)
+
     def expand(step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-               finished_flags, finished_count, caps, max_penalty, state, context):
+               finished_flags, finished_count, caps, max_penalty, state, context, first=False):
         """One step for `n` sentences -> the new alive and finished sets, each sentence's
-        `done` bool `[n]`, and the state reordered to follow the alive hypotheses."""
-        flat_ids = tf.reshape(alive_ids, [-1])
-        if not has_context:
-            logits, state = symbols_to_logits_fn(flat_ids, step, state)
+        `done` bool `[n]`, and the state reordered to follow the alive hypotheses. `first`:
+        step 0 by `first_step_fn` on one row per sentence (`state` and `context` unused)."""
+        if first:
+            logits, state = call(first_step_fn, alive_ids[:, 0], step, sentence_state,
+                                 sentence_context)
+            logits, state = tf.nest.map_structure(lambda t: tile_beams(t, beam_size),
+                                                  (logits, state))
         else:
-            logits, state = symbols_to_logits_fn(flat_ids, step, state, context)
+            logits, state = call(symbols_to_logits_fn, tf.reshape(alive_ids, [-1]), step, state,
+                                 context)
         n = tf.shape(alive_ids)[0]
         # The 2 * beam best candidates of each beam first: they hold the 2 * beam best of the
         # sentence, in the same order (ties: lower beam, then lower token id first, as a top-k
@@ -360,18 +375,19 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
     if compact:
         finished_seq, finished_scores, finished_flags = _compact_beam(
             expand, start, caps, max_penalty, initial_state, context, batch_size, beam_size,
-            max_decode_length, num_hypotheses, state_shape_invariants, tile_context)
+            max_decode_length, num_hypotheses, state_shape_invariants, tile_context,
+            first_step=first_step_fn is not None)
     else:
         def cond(step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
                  finished_flags, finished_count, done, state):
             return tf.logical_and(step < max_decode_length, tf.logical_not(tf.reduce_all(done)))
 
         def body(step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-                 finished_flags, finished_count, done, state):
+                 finished_flags, finished_count, done, state, first=False):
             (alive_ids, alive_seq, alive_log_probs, new_seq, new_scores, new_flags,
              finished_count, now_done, parents, state) = expand(
                 step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-                finished_flags, finished_count, caps, max_penalty, state, context)
+                finished_flags, finished_count, caps, max_penalty, state, context, first)
             state = _gather_beams(state, parents, batch_size, beam_size)
             # A sentence that is done keeps its finished set (under "exact" nothing could enter
             # it any more; under "beam_full" a later candidate could, after the stop).
@@ -383,6 +399,8 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
 
         loop_vars = (tf.constant(0, tf.int32), *start, tf.zeros([batch_size], tf.bool),
                      initial_state)
+        if first_step_fn is not None:  # step 0 before the loop, one row per sentence
+            loop_vars = body(*loop_vars, first=True)
         outputs = tf.while_loop(
             cond, body, loop_vars,
             shape_invariants=_shape_invariants(loop_vars, state_shape_invariants))
@@ -394,20 +412,22 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
 
 
 def _compact_beam(expand, start, caps, max_penalty, state, context, batch_size, beam_size,
-                  max_decode_length, num_hypotheses, state_shape_invariants, tile_context):
+                  max_decode_length, num_hypotheses, state_shape_invariants, tile_context,
+                  first_step=False):
     """`beam_search`'s loop with `compact`: done sentences leave the batch. Returns the
-    finished sequences, scores and flags of every sentence, `[batch, num_hypotheses, ...]`."""
+    finished sequences, scores and flags of every sentence, `[batch, num_hypotheses, ...]`.
+    `first_step`: step 0 runs before the loop, by `expand(..., first=True)`."""
 
     def cond(step, active, *_):
         return tf.logical_and(step < max_decode_length, tf.size(active) > 0)
 
     def body(step, active, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
              finished_flags, finished_count, caps, max_penalty, state, context, result_seq,
-             result_scores, result_flags):
+             result_scores, result_flags, first=False):
         (alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores, finished_flags,
          finished_count, done, parents, state) = expand(
             step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-            finished_flags, finished_count, caps, max_penalty, state, context)
+            finished_flags, finished_count, caps, max_penalty, state, context, first)
         carried = (active, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
                    finished_flags, finished_count, caps, max_penalty)
 
@@ -451,6 +471,8 @@ def _compact_beam(expand, start, caps, max_penalty, state, context, batch_size, 
     invariants = (tf.TensorShape([]), *invariants,
                   _batch_free(state, state_shape_invariants), _batch_free(context),
                   result_seq.shape, result_scores.shape, result_flags.shape)
+    if first_step:
+        loop_vars = body(*loop_vars, first=True)
     outputs = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
     return outputs[-3:]
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import os
 from typing import Callable, Sequence
@@ -247,7 +248,8 @@ class Translator(tf.Module):
             patience=self.decode_config.patience,
             start_id=START_ID, end_id=END_ID, length_caps=length_caps,
             num_hypotheses=num_hypotheses, state_shape_invariants=invariants, context=memory,
-            tile_context=not self._fast_step, compact=self._compact)
+            tile_context=not self._fast_step, compact=self._compact,
+            first_step_fn=functools.partial(step_function, beams=1))
 
     def _init_cache(self, batch_size, max_decode_length):
         """The decoder's self-attention caches and their loop shape invariants.
@@ -289,7 +291,8 @@ class Translator(tf.Module):
         memory it reads at every step but never changes: the encoder output's cross-attention
         keys/values and the source mask, `[batch, ...]`; the searches drop finished sentences
         from it, but never reorder it). `DecoderStep` takes it untiled, one row per `beams`
-        consecutive rows of ids; the Keras reference step takes it tiled to the beams.
+        consecutive rows of ids (`beams=1` for step 0 of beam search, which runs on one row
+        per sentence); the Keras reference step takes it tiled to its rows whatever `beams`.
 
         The source is encoded by `EncoderPass` and the decoder step is `DecoderStep`'s, both
         over the weights' tensors read here once per batch (not once per step inside the loop).
@@ -309,7 +312,7 @@ class Translator(tf.Module):
                 encoder_weights, weights = encoder.read_weights(), decoder.read_weights()
             context, source_mask = encoder(encoder_weights, source_ids)
 
-            def step_function(ids, step, state, memory):
+            def step_function(ids, step, state, memory, beams=beams):
                 return decoder.step(weights, ids, step, state, memory, growing=growing,
                                     beams=beams)
 
@@ -323,7 +326,7 @@ class Translator(tf.Module):
         weights = self.model.weights
         values = [tf.convert_to_tensor(weight.value) for weight in weights]
 
-        def keras_step_function(ids, step, state, memory):
+        def keras_step_function(ids, step, state, memory, beams=None):
             with keras.StatelessScope(state_mapping=list(zip(weights, values))):
                 return self.model.decode_step(ids, step, state, memory, growing=growing)
 

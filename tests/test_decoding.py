@@ -622,3 +622,50 @@ def test_dynamic_batch_size_in_a_signature():
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
     assert translate(tf.zeros([0], tf.int32))[0].shape == (0, 1, 5)
+
+
+@pytest.mark.parametrize("compact", [False, True])
+@pytest.mark.parametrize("with_context", [False, True])
+@pytest.mark.parametrize("stopping", ["exact", "beam_full"])
+def test_beam_first_step_on_one_row_per_sentence(compact, with_context, stopping):
+    """Step 0 run once per sentence by `first_step_fn` and tiled to the beams gives the search
+    without it: the same ids, and scores to float32 rounding."""
+    vocab_size, max_decode_length, batch_size = 7, 8, 5
+    caps = tf.constant([8, 1, 4, 8, 6])
+    for seed in range(3):
+        if with_context:
+            step_fn = ContextTableStep(seed, vocab_size, max_decode_length, scale=1.5)
+            extra = {"context": step_fn.context(batch_size)}
+        else:
+            step_fn = TableStep(seed, vocab_size, max_decode_length, scale=1.5)
+            extra = {}
+        run = tf.function(functools.partial(
+            decoding.beam_search, batch_size=batch_size, beam_size=3, num_hypotheses=3,
+            max_decode_length=max_decode_length, alpha=0.6, length_caps=caps,
+            stopping=stopping, compact=compact, **extra))
+        calls = []
+
+        def first_step(*args):
+            calls.append(args[0].shape[0])  # traced once: the rows step 0 runs on
+            return step_fn(*args)
+
+        state = step_fn.initial_state(batch_size)
+        expected_ids, expected_scores = run(step_fn, state)
+        ids, scores = run(step_fn, state, first_step_fn=first_step)
+        np.testing.assert_array_equal(ids, expected_ids)
+        np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
+        assert calls == [batch_size]
+
+
+def test_beam_first_step_with_fixed_state_under_xla():
+    """The first step before the loop keeps the loop variables' fixed shapes (XLA)."""
+    vocab_size, max_decode_length, batch_size = 6, 5, 2
+    step_fn = TableStep(3, vocab_size, max_decode_length)
+    run = tf.function(functools.partial(
+        decoding.beam_search, batch_size=batch_size, beam_size=2, num_hypotheses=2,
+        max_decode_length=max_decode_length, alpha=0.6), jit_compile=True)
+    state = step_fn.initial_state(batch_size)
+    expected_ids, expected_scores = run(step_fn, state)
+    ids, scores = run(step_fn, state, first_step_fn=step_fn)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)

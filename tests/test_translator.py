@@ -96,9 +96,12 @@ def random_model_like_the_fixture(tokenizer, norm, share):
 def test_frozen_weights_give_the_live_outputs_bitwise_and_store_each_tensor_once(
         random_translation_model, share):
     """`frozen_weights` prepares the decoding's weights once: the same strings and scores as
-    the translator that prepares them at every call; the variables are those weights (the
-    model's own are not tracked), the embedding matrix of a shared vocabulary once; and they
-    do not follow later changes to the model."""
+    the translator that prepares them at every call (bit for bit, but for beam scores: beam
+    search's first step runs before its loop, where Grappler folds the live translator's
+    per-batch transpose of a shared embedding into the logits matmul, which rounds
+    differently); the variables are those weights (the model's own are not tracked), the
+    embedding matrix of a shared vocabulary once; and they do not follow later changes to the
+    model."""
     _, tokenizer = random_translation_model
     model = random_model_like_the_fixture(tokenizer, "pre", share)
     config = DecodeConfig(beam_size=3, alpha=0.6, max_extra_length=8)
@@ -108,7 +111,12 @@ def test_frozen_weights_give_the_live_outputs_bitwise_and_store_each_tensor_once
     for name in ("translate_greedy", "translate_beam", "translate_nbest"):
         expected = getattr(live, name)(source)
         for key, value in getattr(frozen, name)(source).items():
-            np.testing.assert_array_equal(value.numpy(), expected[key].numpy(), err_msg=name)
+            if name == "translate_greedy" or value.dtype == tf.string:
+                np.testing.assert_array_equal(value.numpy(), expected[key].numpy(),
+                                              err_msg=name)
+            else:
+                np.testing.assert_allclose(value.numpy(), expected[key].numpy(), rtol=1e-6,
+                                           err_msg=name)
 
     model_variables = {id(w.value) for w in model.weights}
     assert not model_variables & {id(v) for v in frozen.variables}
