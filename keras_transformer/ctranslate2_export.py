@@ -297,9 +297,10 @@ class CTranslate2Translator:
     - "native" (default): CTranslate2's own search, as fast as CTranslate2 is: one call per
       batch, with the batch's longest output cap (each output is then cut at its own cap, as
       `Translator` stops it; the rare output that runs into its cap keeps the longer search's
-      score); beam search returns the `beam_size` hypotheses CTranslate2 finishes first
-      (length penalty 0, so by log P; with the export's patience), re-ranked by log P / lp:
-      the best one is usually, not always, `Translator`'s.
+      score); beam search stops a sentence, as the export's "beam_full" rule does, once
+      patience x beam_size hypotheses have finished, and returns the `beam_size` best of them
+      by log P / lp: the best one is usually, not always, `Translator`'s (which also stops
+      when no alive hypothesis can win any more, and which "exact" exports run to that bound).
     - "exact": asks CTranslate2 for every hypothesis it finishes, ranks them by log P / lp and
       stops as `decoding.beam_search` does (see `_beam`), and decodes sentences in groups of
       equal cap (CTranslate2 takes one length limit per call): `Translator`'s results exactly,
@@ -433,12 +434,25 @@ class CTranslate2Translator:
                 for hypotheses in ranked]
 
     def _native_beam(self, sources: list[list[str]], cap: int) -> list:
-        """CTranslate2's own beam search with the export's patience; its `beam_size` hypotheses
-        re-ranked by log P / lp."""
+        """CTranslate2's own beam search, stopping as the export's "beam_full" rule does: a
+        sentence is done once patience x beam_size hypotheses have finished. They are
+        re-ranked by log P / lp, the `beam_size` best kept.
+
+        CTranslate2 applies `patience` only with a nonzero length penalty (at 0 it stops a
+        sentence as soon as its best hypothesis by log P has ended and `num_hypotheses` have
+        finished), and it returns at most patience x beam_size of the hypotheses it finished,
+        the best by log P / |Y| ** penalty. The call asks for `_NATIVE_LENGTH_PENALTY`, which
+        changes no step of the search and keeps log P's order to within a fraction of a
+        percent, and undoes it.
+        """
+        finished = _max_candidates(self.beam_size, self.patience)
+        penalty = _NATIVE_LENGTH_PENALTY
         results = self.translator.translate_batch(
-            sources, beam_size=self.beam_size, num_hypotheses=self.beam_size,
-            patience=self.patience, max_decoding_length=cap, **self.options)
-        ranked = [self._rank(self._hypotheses(result)) for result in results]
+            sources, beam_size=self.beam_size, num_hypotheses=finished, patience=self.patience,
+            max_decoding_length=cap, **{**self.options, "length_penalty": penalty})
+        ranked = [self._rank([(ids, score * len(ids) ** penalty)
+                              for ids, score in self._hypotheses(result)])
+                  for result in results]
         return [hypotheses + [([], NEG_INF)] * (self.beam_size - len(hypotheses))
                 for hypotheses in ranked]
 
@@ -504,6 +518,14 @@ class CTranslate2Translator:
 # sources are truncated here, keeping their END; return_end_token: |Y| counts END.
 _SEARCH_OPTIONS = dict(length_penalty=0.0, min_decoding_length=0,
                        max_input_length=0, return_scores=True, return_end_token=True)
+# The native beam rule's length penalty: not 0, so that CTranslate2 honors `patience`.
+_NATIVE_LENGTH_PENALTY = 1e-3
+
+
+def _max_candidates(beam_size: int, patience: float) -> int:
+    """How many finished hypotheses end a sentence's search in CTranslate2: beam_size x
+    patience rounded half away from zero, as its `std::round`."""
+    return max(1, math.floor(beam_size * patience + 0.5))
 
 
 def _cut(result, cap: int):

@@ -151,7 +151,9 @@ def test_native_beam_reranks_ctranslate2s_own_hypotheses(models, tmp_path):
     native.translator = type("Spy", (), {"translate_batch": lambda self, *a, **k: (
         calls.append(k), search(*a, **k))[1]})()
     nbest = native.beam_ids(SENTENCES)
-    assert all(call["num_hypotheses"] == 4 and call["patience"] == 1.0 for call in calls)
+    # A nonzero length penalty: with 0 CTranslate2 would ignore the patience.
+    assert all(call["num_hypotheses"] == 4 and call["patience"] == 1.0
+               and call["length_penalty"] > 0 for call in calls)
     for hypotheses in nbest:
         scores = [score for _, score in hypotheses]
         assert scores == sorted(scores, reverse=True) and len(hypotheses) == 4
@@ -430,3 +432,32 @@ def test_cli_exports_ctranslate2_and_translates_with_either_export(random_run, t
     code, _, err = cli_run(capsys, monkeypatch, ["translate", "--model", str(ct2_dir),
                                                  "--beam", "3"], "x\n")
     assert code == 2 and "exported with beam size 2" in err
+
+
+def test_native_beam_stops_as_the_exports_patience(models, tmp_path):
+    """The default rule stops where the SavedModel's "beam_full" rule with the same patience
+    does (patience x beam finished hypotheses; CTranslate2 ignores its patience at length
+    penalty 0), so it finds the same best translation wherever that translation ends before
+    its cap (the rule decodes a batch with its longest cap), with log P / lp scores."""
+    model, tokenizer = models
+    decode_config = DecodeConfig(beam_size=3, alpha=1.4, max_extra_length=8,
+                                 stopping="beam_full", patience=2.0)
+    translator = Translator(model, tokenizer, tokenizer, decode_config)
+    native = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2", decode_config))
+    calls = []
+    search = native.translator.translate_batch
+    native.translator = type("Spy", (), {"translate_batch": lambda self, *a, **k: (
+        calls.append(k), search(*a, **k))[1]})()
+    source_ids, caps, max_length = translator._encode_inputs(tf.constant(SENTENCES))
+    ids, scores = translator._beam_ids(source_ids, caps, max_length, 3)
+    found = native.beam_ids(SENTENCES)
+    assert [(call["num_hypotheses"], call["patience"]) for call in calls] == [(6, 2.0)]
+    compared = 0
+    for row, score, cap, hypotheses in zip(ids.numpy(), scores.numpy(), caps.numpy(), found):
+        best = [int(i) for i in row[0] if i != PAD_ID]
+        if best[-1:] != [END_ID] or len(best) == cap:
+            continue
+        compared += 1
+        assert hypotheses[0][0] == best
+        np.testing.assert_allclose(hypotheses[0][1], score[0], atol=1e-3)
+    assert compared >= len(SENTENCES) // 2
