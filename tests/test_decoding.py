@@ -475,6 +475,14 @@ class ContextTableStep(TableStep):
         return logits, {"history": state["history"]}
 
 
+def table_step(seed, vocab_size, max_decode_length, batch_size, with_context):
+    """A TableStep (or ContextTableStep) and the search's extra arguments (its context)."""
+    if with_context:
+        step_fn = ContextTableStep(seed, vocab_size, max_decode_length, scale=1.5)
+        return step_fn, {"context": step_fn.context(batch_size)}
+    return TableStep(seed, vocab_size, max_decode_length, scale=1.5), {}
+
+
 @pytest.mark.parametrize("search", ["greedy", "beam_exact", "beam_full"])
 @pytest.mark.parametrize("with_context", [False, True])
 def test_compact_equals_full_batch(search, with_context):
@@ -483,12 +491,8 @@ def test_compact_equals_full_batch(search, with_context):
     vocab_size, max_decode_length, batch_size = 7, 9, 6
     caps = tf.constant([9, 2, 5, 9, 1, 7])
     for seed in range(3):
-        if with_context:
-            step_fn = ContextTableStep(seed, vocab_size, max_decode_length, scale=1.5)
-            extra = {"context": step_fn.context(batch_size)}
-        else:
-            step_fn = TableStep(seed, vocab_size, max_decode_length, scale=1.5)
-            extra = {}
+        step_fn, extra = table_step(seed, vocab_size, max_decode_length, batch_size,
+                                    with_context)
         kwargs = dict(batch_size=batch_size, max_decode_length=max_decode_length,
                       length_caps=caps, **extra)
         if search == "greedy":
@@ -633,12 +637,8 @@ def test_beam_first_step_on_one_row_per_sentence(compact, with_context, stopping
     vocab_size, max_decode_length, batch_size = 7, 8, 5
     caps = tf.constant([8, 1, 4, 8, 6])
     for seed in range(3):
-        if with_context:
-            step_fn = ContextTableStep(seed, vocab_size, max_decode_length, scale=1.5)
-            extra = {"context": step_fn.context(batch_size)}
-        else:
-            step_fn = TableStep(seed, vocab_size, max_decode_length, scale=1.5)
-            extra = {}
+        step_fn, extra = table_step(seed, vocab_size, max_decode_length, batch_size,
+                                    with_context)
         run = tf.function(functools.partial(
             decoding.beam_search, batch_size=batch_size, beam_size=3, num_hypotheses=3,
             max_decode_length=max_decode_length, alpha=0.6, length_caps=caps,
