@@ -93,7 +93,7 @@ def random_model_like_the_fixture(tokenizer, norm, share):
 
 
 @pytest.mark.parametrize("share", ["target", "all"])
-def test_frozen_weights_give_the_live_outputs_bitwise_and_store_each_tensor_once(
+def test_frozen_weights_give_the_live_outputs_and_store_each_tensor_once(
         random_translation_model, share):
     """`frozen_weights` prepares the decoding's weights once: the same strings and scores as
     the translator that prepares them at every call (bit for bit, but for beam scores: beam
