@@ -122,17 +122,18 @@ class DecoderStep:
     def precompute(self, weights: dict, context, source_mask) -> dict:
         """The cross-attention keys/values of the encoder output and the source mask as an
         attention bias: `{"bias": float32 [batch, 1, 1, source_len], "layers": [{"key",
-        "value"} [batch, heads, source_len, head_dim]]}`."""
+        "value"} [batch, heads, source_len, head_dim]]}`. With `pack`, a padded position's key
+        and value are copies of a real token's (see `_padded_rows`)."""
         batch, length = tf.shape(context)[0], tf.shape(context)[1]
         flat = tf.reshape(tf.cast(context, self.dtype), [-1, self.d_model])  # [batch * len, d]
-        if self.pack:  # padded keys/values are masked: zeros do
-            rows = _real_rows(source_mask)
-            flat = tf.gather(flat, rows)  # [tokens, d]
+        if self.pack:
+            flat = tf.gather(flat, _real_rows(source_mask))  # [tokens, d]
+            padded_rows = _padded_rows(source_mask)
         layers = []
         for layer in weights["layers"]:
             kv = _matmul(flat, layer["cross_kv_kernel"]) + layer["cross_kv_bias"]
             if self.pack:
-                kv = _unpack(kv, rows, batch * length)  # [batch * len, 2d]
+                kv = tf.gather(kv, padded_rows)  # [batch * len, 2d]
             kv = tf.reshape(kv, [batch, length, 2, self.num_heads, self.head_dim])
             kv = tf.transpose(kv, [2, 0, 3, 1, 4])  # [2, batch, heads, len, head_dim]
             layers.append({"key": kv[0], "value": kv[1]})
@@ -234,7 +235,8 @@ class EncoderPass:
         context, source_mask = encoder(encoder.read_weights(), source_ids)
 
     Gives `Transformer.encode(source_ids, training=False)` to float32 rounding at the real
-    positions; with `pack` (the default) the padded positions of the context are zeros.
+    positions; with `pack` (the default) a padded position of the context holds a copy of a
+    real token's (see `_padded_rows`).
     """
 
     def __init__(self, model: Transformer, pack: bool = True):
@@ -278,6 +280,7 @@ class EncoderPass:
         position_ids = tf.tile(tf.range(length), [batch])
         if self.pack:  # x holds the real tokens' rows only
             rows = _real_rows(source_mask)  # [tokens]
+            padded_rows = _padded_rows(source_mask)  # [batch * len]
             ids, position_ids = tf.gather(ids, rows), tf.gather(position_ids, rows)
         x = tf.gather(weights["embeddings"], ids)  # [rows, d]
         if x.dtype != self.dtype:
@@ -289,8 +292,8 @@ class EncoderPass:
         for layer in weights["layers"]:
             h = _layer_norm(x, layer["self_norm"]) if self.pre_norm else x
             qkv = _matmul(h, layer["qkv_kernel"]) + layer["qkv_bias"]  # [rows, 3d]
-            if self.pack:  # padded keys/values are masked: zeros do
-                qkv = _unpack(qkv, rows, batch * length)
+            if self.pack:
+                qkv = tf.gather(qkv, padded_rows)  # [batch * len, 3d]
             qkv = tf.transpose(tf.reshape(qkv, [batch, length, 3, heads, head_dim]),
                                [2, 0, 3, 1, 4])  # [3, batch, heads, len, head_dim]
             y = _attention(qkv[0], qkv[1], qkv[2], bias)  # [batch, heads, len, head_dim]
@@ -303,7 +306,7 @@ class EncoderPass:
         if "final_norm" in weights:
             x = _layer_norm(x, weights["final_norm"])
         if self.pack:
-            x = _unpack(x, rows, batch * length)
+            x = tf.gather(x, padded_rows)
         return tf.reshape(x, [batch, length, d]), source_mask
 
 
@@ -312,9 +315,15 @@ def _real_rows(mask):
     return tf.cast(tf.where(tf.reshape(mask, [-1]))[:, 0], tf.int32)
 
 
-def _unpack(values, rows, num_rows):
-    """`[tokens, n]` values at `rows` of a `[num_rows, n]` tensor of zeros."""
-    return tf.scatter_nd(rows[:, None], values, tf.stack([num_rows, tf.shape(values)[1]]))
+def _padded_rows(mask):
+    """int32 `[batch * len]`: for each position of `mask` `[batch, len]`, flattened, the row of
+    the packed `[tokens, n]` layout to gather it from: its own for a real token; for padding,
+    the row of the last real token before it (the first row if there is none).
+
+    Gathering them gives the padded layout. Attention masks the padded positions, and the mask
+    bias gives their logits exactly (`_attention_bias`), so any finite key or value does there:
+    a copy is as good as zeros, and one gather costs less than zeros and a scatter."""
+    return tf.maximum(tf.cumsum(tf.cast(tf.reshape(mask, [-1]), tf.int32)) - 1, 0)
 
 
 def _value(variable, dtype):

@@ -207,7 +207,8 @@ def test_inference_step_shares_each_sentences_memory_among_its_beams():
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_inference_encoder_equals_keras_encode(norm, pack):
     """`inference.EncoderPass` gives `Transformer.encode`'s output and mask on a padded batch,
-    to float32 rounding; packed (the real tokens only), its padded positions are zeros."""
+    to float32 rounding; packed (the real tokens only), a padded position holds a copy of its
+    sentence's last real token."""
     from keras_transformer.inference import EncoderPass
 
     model = Transformer(tiny(norm=norm))
@@ -222,7 +223,20 @@ def test_inference_encoder_equals_keras_encode(norm, pack):
     np.testing.assert_allclose(np.asarray(fast_context)[real], np.asarray(context)[real],
                                atol=1e-5, rtol=1e-5)
     if pack:
-        assert not np.asarray(fast_context)[~real].any()
+        fast_context = np.asarray(fast_context)
+        last = real.sum(axis=1) - 1  # [batch]
+        for b, t in zip(*np.nonzero(~real)):
+            np.testing.assert_array_equal(fast_context[b, t], fast_context[b, last[b]])
+
+
+def test_padded_rows_index_the_packed_layout():
+    """`_padded_rows` gathers a padded position from its own packed row when it is real, from
+    the row of the last real token before it otherwise (the first row if there is none)."""
+    from keras_transformer.inference import _padded_rows, _real_rows
+
+    mask = tf.constant([[False, False], [True, False], [True, True], [True, False]])
+    np.testing.assert_array_equal(_real_rows(mask), [2, 4, 5, 6])
+    np.testing.assert_array_equal(_padded_rows(mask), [0, 0, 0, 0, 1, 2, 3, 3])
 
 
 def test_attention_bias_gives_the_masked_logits_exactly():
@@ -239,7 +253,8 @@ def test_attention_bias_gives_the_masked_logits_exactly():
 
 def test_inference_memory_of_the_real_source_tokens_only():
     """`DecoderStep.precompute` with `pack` projects the real tokens alone: their keys and
-    values are those of the padded layout, the padded positions' are zeros."""
+    values are those of the padded layout, a padded position's are its sentence's last real
+    token's, and a decoding step over them gives the padded layout's logits."""
     from keras_transformer.inference import DecoderStep
 
     model = Transformer(tiny())
@@ -249,13 +264,20 @@ def test_inference_memory_of_the_real_source_tokens_only():
     real = np.asarray(mask)
     packed, padded = (DecoderStep(model, pack=pack) for pack in (True, False))
     weights = packed.read_weights()
-    for layer, full in zip(packed.precompute(weights, context, mask)["layers"],
-                           padded.precompute(weights, context, mask)["layers"]):
+    packed_memory = packed.precompute(weights, context, mask)
+    padded_memory = padded.precompute(weights, context, mask)
+    last = real.sum(axis=1) - 1  # [batch]
+    for layer, full in zip(packed_memory["layers"], padded_memory["layers"]):
         for name in ("key", "value"):
             got = np.transpose(np.asarray(layer[name]), [0, 2, 1, 3])  # [batch, len, heads, dim]
             want = np.transpose(np.asarray(full[name]), [0, 2, 1, 3])
             np.testing.assert_allclose(got[real], want[real], atol=1e-6)
-            assert not got[~real].any()
+            for b, t in zip(*np.nonzero(~real)):
+                np.testing.assert_array_equal(got[b, t], got[b, last[b]])
+    ids = tf.constant(target[:, 0])
+    logits = [packed.step(weights, ids, tf.constant(0), packed.init_cache(len(source)), memory)[0]
+              for memory in (packed_memory, padded_memory)]
+    np.testing.assert_allclose(logits[0], logits[1], atol=1e-5, rtol=1e-5)
 
 
 def test_inference_step_under_mixed_bfloat16():
