@@ -125,3 +125,65 @@ def test_layers_run_under_mixed_precision():
         assert all(w.dtype == "float32" for w in layer.weights)
     finally:
         keras.config.set_dtype_policy("float32")
+
+
+def _keras_and_ours(**kwargs):
+    """A Keras LayerNormalization and the package's, built with the same random weights."""
+    rng = np.random.default_rng(3)
+    norms = (keras.layers.LayerNormalization(epsilon=1e-6, **kwargs),
+             layers.LayerNormalization(epsilon=1e-6, **kwargs))
+    for norm in norms:
+        norm.build((None, None, D_MODEL))
+        norm.set_weights([rng.uniform(0.5, 1.5, D_MODEL).astype("float32"),
+                          rng.normal(size=D_MODEL).astype("float32")])
+        rng = np.random.default_rng(3)
+    return norms
+
+
+@pytest.mark.parametrize("shape", [(BATCH, TGT_LEN, D_MODEL), (BATCH * TGT_LEN, D_MODEL)])
+def test_layer_norm_and_its_gradients_equal_keras(shape):
+    """The closed-form gradient of `layers.LayerNormalization` gives what Keras derives op by op,
+    for the input and both weights."""
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(loc=2.0, scale=3.0, size=shape).astype("float32"))
+    upstream = tf.constant(rng.normal(size=shape).astype("float32"))
+    results = []
+    for norm in _keras_and_ours():
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = norm(x)
+            loss = tf.reduce_sum(y * upstream)
+        results.append([y, *tape.gradient(loss, [x, norm.gamma, norm.beta])])
+    for ours, theirs in zip(results[1], results[0]):
+        np.testing.assert_allclose(ours, theirs, atol=2e-5, rtol=1e-5)
+
+
+def test_layer_norm_under_mixed_bfloat16_equals_keras():
+    """bfloat16 in and out (the gradient of the input too), float32 weights and their gradients,
+    Keras' values to bfloat16 rounding."""
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        rng = np.random.default_rng(1)
+        x = tf.constant(rng.normal(loc=50.0, size=(BATCH, TGT_LEN, D_MODEL)), tf.bfloat16)
+        results = []
+        for norm in _keras_and_ours():
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = norm(x)
+                loss = tf.reduce_sum(tf.cast(y, tf.float32) ** 2)
+            grads = tape.gradient(loss, [x, norm.gamma, norm.beta])
+            assert y.dtype == tf.bfloat16 and grads[0].dtype == tf.bfloat16
+            assert norm.gamma.dtype == "float32" and grads[1].dtype == tf.float32
+            results.append([tf.cast(t, tf.float32) for t in (y, *grads)])
+        for ours, theirs in zip(results[1], results[0]):
+            np.testing.assert_allclose(ours, theirs, atol=0.05, rtol=0.02)
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+
+def test_layer_norm_over_other_axes_is_keras():
+    """Settings the closed form does not cover (here the middle axis) fall back to Keras."""
+    x = tf.constant(np.random.default_rng(2).normal(size=(BATCH, TGT_LEN, D_MODEL)), tf.float32)
+    keras_norm = keras.layers.LayerNormalization(axis=1)
+    norm = layers.LayerNormalization(axis=1)
+    np.testing.assert_array_equal(norm(x), keras_norm(x))

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.layers.normalization import LayerNormalization
 from keras_transformer.layers.residual import LAYER_NORM_EPSILON, residual_connection
 
 
@@ -31,7 +32,7 @@ class FeedForward(keras.layers.Layer):
         self.inner = keras.layers.Dense(dff, activation="relu", dtype=self.dtype_policy,
                                         name="inner")
         self.outer = keras.layers.Dense(d_model, dtype=self.dtype_policy, name="outer")
-        self.layernorm = keras.layers.LayerNormalization(
+        self.layernorm = LayerNormalization(
             epsilon=LAYER_NORM_EPSILON, dtype=self.dtype_policy, name="layernorm")
         self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
 

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.layers.normalization import LayerNormalization
 from keras_transformer.layers.residual import LAYER_NORM_EPSILON
 
 
@@ -29,8 +30,8 @@ class LayerStack(keras.layers.Layer):
             for i in range(num_layers)
         ]
         self.final_layernorm = (
-            keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype=self.dtype_policy,
-                                            name="final_layernorm")
+            LayerNormalization(epsilon=LAYER_NORM_EPSILON, dtype=self.dtype_policy,
+                               name="final_layernorm")
             if norm == "pre" else None)
 
     def _build_final_layernorm(self, x_shape):
