@@ -187,3 +187,42 @@ def test_layer_norm_over_other_axes_is_keras():
     keras_norm = keras.layers.LayerNormalization(axis=1)
     norm = layers.LayerNormalization(axis=1)
     np.testing.assert_array_equal(norm(x), keras_norm(x))
+
+
+def test_dropout_zeros_the_rate_and_scales_the_rest():
+    """`layers.dropout` zeros round(rate * 2**16) / 2**16 of the activations (here over 200,001,
+    an odd count), scales the others by 1 / (1 - that) and passes the same mask to the gradient;
+    the same seed gives the same mask, another seed another."""
+    x = tf.ones([200_001])
+    seed = tf.constant([7, 11])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layers.dropout(x, 0.1, seed)
+    dropped = (y.numpy() == 0)
+    assert abs(dropped.mean() - 0.1) < 0.003
+    scale = 2 ** 16 / (2 ** 16 - round(0.1 * 2 ** 16))
+    np.testing.assert_array_equal(y.numpy()[~dropped], np.float32(scale))
+    np.testing.assert_array_equal(tape.gradient(y, x), y)
+    np.testing.assert_array_equal(layers.dropout(x, 0.1, seed), y)
+    assert (layers.dropout(x, 0.1, tf.constant([7, 12])).numpy() == 0).tolist() != dropped.tolist()
+
+
+def test_dropout_layer_acts_in_training_only_and_keeps_the_dtype():
+    x = np.ones((BATCH, TGT_LEN, D_MODEL), "float32")
+    layer = layers.Dropout(0.5)
+    np.testing.assert_array_equal(layer(x), x)
+    y = layer(x, training=True).numpy()
+    assert 0 < (y == 0).mean() < 1 and set(np.unique(y)) == {0.0, 2.0}
+    assert not np.array_equal(layer(x, training=True), y)  # a new seed every call
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        assert layers.Dropout(0.1)(tf.cast(x, tf.bfloat16), training=True).dtype == tf.bfloat16
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+
+def test_dropout_with_a_noise_shape_is_keras():
+    x = np.ones((BATCH, TGT_LEN, D_MODEL), "float32")
+    ours = layers.Dropout(0.5, noise_shape=(BATCH, 1, D_MODEL), seed=3)
+    theirs = keras.layers.Dropout(0.5, noise_shape=(BATCH, 1, D_MODEL), seed=3)
+    np.testing.assert_array_equal(ours(x, training=True), theirs(x, training=True))

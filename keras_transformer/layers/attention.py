@@ -12,6 +12,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.normalization import LayerNormalization
 from keras_transformer.layers.residual import LAYER_NORM_EPSILON, residual_connection
 
@@ -77,7 +78,7 @@ class BaseAttention(keras.layers.Layer):
             num_heads=num_heads, key_dim=d_model // num_heads, dtype=self.dtype_policy, name="mha")
         self.layernorm = LayerNormalization(
             epsilon=LAYER_NORM_EPSILON, dtype=self.dtype_policy, name="layernorm")
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy)
 
     def build(self, input_shape):
         self._build(input_shape, input_shape)

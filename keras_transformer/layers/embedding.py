@@ -7,6 +7,8 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from keras_transformer.layers.dropout import Dropout
+
 
 def positional_encoding(length: int, depth: int) -> np.ndarray:
     """The sinusoidal table of section 3.5, float32 `[length, depth]`.
@@ -61,7 +63,7 @@ class PositionalEmbedding(keras.layers.Layer):
             dtype=self.dtype_policy,
             name="token_embedding",
         )
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy)
         self.positions = positional_encoding(max_positions, d_model)
 
     def build(self, input_shape):

@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.normalization import LayerNormalization
 from keras_transformer.layers.residual import LAYER_NORM_EPSILON, residual_connection
 
@@ -34,7 +35,7 @@ class FeedForward(keras.layers.Layer):
         self.outer = keras.layers.Dense(d_model, dtype=self.dtype_policy, name="outer")
         self.layernorm = LayerNormalization(
             epsilon=LAYER_NORM_EPSILON, dtype=self.dtype_policy, name="layernorm")
-        self.dropout_layer = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy)
 
     def build(self, input_shape):
         self.inner.build(input_shape)
