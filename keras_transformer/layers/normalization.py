@@ -10,8 +10,8 @@ class LayerNormalization(keras.layers.LayerNormalization):
     compute dtype) that normalizes over the last axis with `layer_norm`.
 
     Keras derives the gradient op by op from its moments; `layer_norm` states it in closed
-    form, about half the passes over the activations. Other settings (several axes, no
-    center or scale, RMS scaling) fall back to Keras.
+    form, in fewer ops over the activations. Other settings (several axes, no center or
+    scale, RMS scaling) fall back to Keras.
 
     Call arguments:
         inputs: `[..., features]`.
