@@ -49,7 +49,7 @@ import sentencepiece
 from ctranslate2.specs import common_spec, transformer_spec
 
 from keras_transformer.config import ConfigError, DecodeConfig
-from keras_transformer.decoding import NEG_INF
+from keras_transformer.decoding import NEG_INF, finished_to_stop
 from keras_transformer.layers.residual import LAYER_NORM_EPSILON
 from keras_transformer.model import Transformer
 from keras_transformer.tokenizers import (
@@ -445,10 +445,13 @@ class CTranslate2Translator:
         changes no step of the search and keeps log P's order to within a fraction of a
         percent, and undoes it.
         """
-        finished = _max_candidates(self.beam_size, self.patience)
+        # CTranslate2 stops at round(patience x beam) finished hypotheses, the export at the
+        # ceiling: the patience passed is the export's count over the beam, which rounds to it.
+        finished = finished_to_stop(self.beam_size, self.patience)
         penalty = _NATIVE_LENGTH_PENALTY
         results = self.translator.translate_batch(
-            sources, beam_size=self.beam_size, num_hypotheses=finished, patience=self.patience,
+            sources, beam_size=self.beam_size, num_hypotheses=finished,
+            patience=finished / self.beam_size,
             max_decoding_length=cap, **{**self.options, "length_penalty": penalty})
         ranked = [self._rank([(ids, score * len(ids) ** penalty)
                               for ids, score in self._hypotheses(result)])
@@ -520,12 +523,6 @@ _SEARCH_OPTIONS = dict(length_penalty=0.0, min_decoding_length=0,
                        max_input_length=0, return_scores=True, return_end_token=True)
 # The native beam rule's length penalty: not 0, so that CTranslate2 honors `patience`.
 _NATIVE_LENGTH_PENALTY = 1e-3
-
-
-def _max_candidates(beam_size: int, patience: float) -> int:
-    """How many finished hypotheses end a sentence's search in CTranslate2: beam_size x
-    patience rounded half away from zero, as its `std::round`."""
-    return max(1, math.floor(beam_size * patience + 0.5))
 
 
 def _cut(result, cap: int):

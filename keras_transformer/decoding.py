@@ -194,6 +194,12 @@ def _compact_greedy(next_tokens, initial_state, context, caps, start, empty_outp
     return outputs[-2], outputs[-1]
 
 
+def finished_to_stop(beam_size: int, patience: float) -> int:
+    """How many finished hypotheses end a sentence's search under the "beam_full" rule:
+    ceil(patience x beam_size)."""
+    return math.ceil(patience * beam_size)
+
+
 def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, max_decode_length,
                 alpha=0.6, start_id=1, end_id=2, length_caps=None, num_hypotheses=1,
                 state_shape_invariants=None, stopping="exact", patience=1.0, context=None,
@@ -286,7 +292,7 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
         raise ValueError(f"stopping={stopping!r} is not one of {', '.join(STOPPING_RULES)}")
     if not patience >= 1:
         raise ValueError(f"patience={patience} must be >= 1")
-    finished_needed = math.ceil(patience * beam_size)
+    finished_needed = finished_to_stop(beam_size, patience)
     caps = _length_caps(length_caps, batch_size, max_decode_length)  # [batch]
     max_penalty = length_penalty(caps, alpha)  # [batch]
     has_context = context is not None

@@ -157,11 +157,20 @@ def test_native_beam_reranks_ctranslate2s_own_hypotheses(models, tmp_path):
     for hypotheses in nbest:
         scores = [score for _, score in hypotheses]
         assert scores == sorted(scores, reverse=True) and len(hypotheses) == 4
-    # decode.stopping "beam_full" reaches CTranslate2 as its patience.
-    patient = CTranslate2Translator(export(
-        model, tokenizer, tmp_path / "ct2_patient",
-        DecodeConfig(beam_size=4, alpha=1.4, max_extra_length=8, patience=2.5)))
-    assert patient.patience == 2.5 and len(patient.beam_ids(SENTENCES)) == len(SENTENCES)
+    # decode.stopping "beam_full" reaches CTranslate2 as its patience; where patience x beam is
+    # not whole, as the export's count (its ceiling), which CTranslate2's rounding keeps.
+    for patience, finished in ((2.5, 10), (1.3, 6)):
+        patient = CTranslate2Translator(export(
+            model, tokenizer, tmp_path / f"ct2_patient_{patience}",
+            DecodeConfig(beam_size=4, alpha=1.4, max_extra_length=8, patience=patience)))
+        calls = []
+        search = patient.translator.translate_batch
+        patient.translator = type("Spy", (), {"translate_batch": lambda self, *a, **k: (
+            calls.append(k), search(*a, **k))[1]})()
+        assert patient.patience == patience
+        assert len(patient.beam_ids(SENTENCES)) == len(SENTENCES)
+        assert {(call["num_hypotheses"], call["patience"]) for call in calls} == {
+            (finished, finished / 4)}
     with pytest.raises(ConfigError, match="beam_rule='fast' is not one of native, exact"):
         CTranslate2Translator(folder, beam_rule="fast")
 
