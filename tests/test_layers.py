@@ -130,13 +130,13 @@ def test_layers_run_under_mixed_precision():
 def _keras_and_ours(**kwargs):
     """A Keras LayerNormalization and the package's, built with the same random weights."""
     rng = np.random.default_rng(3)
+    weights = [rng.uniform(0.5, 1.5, D_MODEL).astype("float32"),
+               rng.normal(size=D_MODEL).astype("float32")]
     norms = (keras.layers.LayerNormalization(epsilon=1e-6, **kwargs),
              layers.LayerNormalization(epsilon=1e-6, **kwargs))
     for norm in norms:
         norm.build((None, None, D_MODEL))
-        norm.set_weights([rng.uniform(0.5, 1.5, D_MODEL).astype("float32"),
-                          rng.normal(size=D_MODEL).astype("float32")])
-        rng = np.random.default_rng(3)
+        norm.set_weights(weights)
     return norms
 
 
