@@ -14,7 +14,10 @@ layers (the one source of truth, read once per batch) and
 - projects the encoder output's cross-attention keys/values once per batch (fused k|v), and
   in beam search lets the beams of a sentence attend to them together (one `[beam,
   source_len]` attention per sentence and head, no tiled copies);
-- computes LayerNorm with Keras' float32 statistics in as few ops as it takes;
+- computes LayerNorm with Keras' float32 statistics in as few ops as it takes, and in
+  pre-norm layers folds its scale and offset into the projection that reads it (gamma into
+  the kernel's rows, beta @ kernel into the bias), as an inference graph would fold a batch
+  norm into its convolution;
 - multiplies float32 matrices with Eigen's kernel rather than oneDNN's (see `_matmul`), except
   for the output projection, whose `[d_model, vocab]` kernel is large enough for oneDNN to win.
 
@@ -104,6 +107,10 @@ class DecoderStep:
                 "cross_out_bias": value(cross_mha.output_dense.bias),
                 **_feed_forward_weights(layer.ffn, self.dtype),
             })
+            if self.pre_norm:
+                _fold_norm(layers[-1], "self_norm", "qkv_kernel", "qkv_bias")
+                _fold_norm(layers[-1], "cross_norm", "cross_q_kernel", "cross_q_bias")
+                _fold_norm(layers[-1], "ffn_norm", "inner_kernel", "inner_bias")
         embedding = model.target_embedding
         weights = _embedding_weights(embedding, layers)
         if model.decoder.final_layernorm is not None:
@@ -181,7 +188,7 @@ class DecoderStep:
         new_cache = []
         for layer, layer_cache, layer_memory in zip(weights["layers"], cache, memory["layers"]):
             # Masked self-attention over the cache and the new position.
-            h = _layer_norm(x, layer["self_norm"]) if self.pre_norm else x
+            h = _layer_norm(x) if self.pre_norm else x  # gamma, beta: in the kernel
             qkv = _matmul(h, layer["qkv_kernel"]) + layer["qkv_bias"]
             # [batch, heads, 1, head_dim] each
             q, k, v = tf.unstack(tf.reshape(qkv, [-1, 3, heads, 1, head_dim]), axis=1)
@@ -197,7 +204,7 @@ class DecoderStep:
             y = _matmul(y, layer["self_out_kernel"]) + layer["self_out_bias"]
             x = x + y if self.pre_norm else _layer_norm(x + y, layer["self_norm"])
             # Cross-attention over the precomputed encoder keys/values.
-            h = _layer_norm(x, layer["cross_norm"]) if self.pre_norm else x
+            h = _layer_norm(x) if self.pre_norm else x
             q = _matmul(h, layer["cross_q_kernel"]) + layer["cross_q_bias"]
             if beams == 1:
                 y = self._attend(tf.reshape(q, head_shape), layer_memory["key"],
@@ -265,6 +272,9 @@ class EncoderPass:
                 "self_out_bias": value(mha.output_dense.bias),
                 **_feed_forward_weights(layer.ffn, self.dtype),
             })
+            if self.pre_norm:
+                _fold_norm(layers[-1], "self_norm", "qkv_kernel", "qkv_bias")
+                _fold_norm(layers[-1], "ffn_norm", "inner_kernel", "inner_bias")
         weights = _embedding_weights(model.source_embedding, layers)
         if model.encoder.final_layernorm is not None:
             weights["final_norm"] = _norm_weights(model.encoder.final_layernorm)
@@ -290,7 +300,7 @@ class EncoderPass:
         x = x + (positions if self.dtype == tf.float32 else tf.cast(positions, self.dtype))
         bias = _attention_bias(source_mask[:, None, None, :])  # [batch, 1, 1, len]
         for layer in weights["layers"]:
-            h = _layer_norm(x, layer["self_norm"]) if self.pre_norm else x
+            h = _layer_norm(x) if self.pre_norm else x
             qkv = _matmul(h, layer["qkv_kernel"]) + layer["qkv_bias"]  # [rows, 3d]
             if self.pack:
                 qkv = tf.gather(qkv, padded_rows)  # [batch * len, 3d]
@@ -352,7 +362,7 @@ def _embedding_weights(embedding, layers: list) -> dict:
 
 def _feed_forward(x, layer: dict, pre_norm: bool):
     """The feed-forward sublayer with its residual connection and norm: `[rows, d_model]`."""
-    h = _layer_norm(x, layer["ffn_norm"]) if pre_norm else x
+    h = _layer_norm(x) if pre_norm else x  # pre-norm: gamma and beta in the inner kernel
     h = tf.nn.relu(_matmul(h, layer["inner_kernel"]) + layer["inner_bias"])
     y = _matmul(h, layer["outer_kernel"]) + layer["outer_bias"]
     return x + y if pre_norm else _layer_norm(x + y, layer["ffn_norm"])
@@ -412,14 +422,33 @@ def _matmul(a, b, transpose_b=False):
     return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=tf.float32, adj_y=transpose_b)
 
 
-def _layer_norm(x, norm):
-    """LayerNormalization with float32 statistics: (x - mean) * (gamma / sqrt(variance + eps))
-    + beta, Keras' arithmetic regrouped into one op fewer (the loop runs three per decoder
-    layer at every step)."""
+def _layer_norm(x, norm=None):
+    """LayerNormalization with float32 statistics over the last axis of `x` `[..., d]`:
+    (x - mean) * (gamma / sqrt(variance + eps)) + beta, Keras' arithmetic regrouped into one op
+    fewer (the loop runs three per decoder layer at every step). Without `norm` (its gamma and
+    beta folded into the next projection, `_fold_norm`), (x - mean) / sqrt(variance + eps)."""
     dtype = x.dtype
     if dtype != tf.float32:
         x = tf.cast(x, tf.float32)
     centered = x - tf.reduce_mean(x, axis=-1, keepdims=True)
     variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
-    y = centered * (tf.math.rsqrt(variance + LAYER_NORM_EPSILON) * norm["gamma"]) + norm["beta"]
+    if norm is None:
+        y = centered * tf.math.rsqrt(variance + LAYER_NORM_EPSILON)
+    else:
+        y = (centered * (tf.math.rsqrt(variance + LAYER_NORM_EPSILON) * norm["gamma"])
+             + norm["beta"])
     return y if dtype == tf.float32 else tf.cast(y, dtype)
+
+
+def _fold_norm(layer: dict, norm: str, kernel: str, bias: str) -> None:
+    """Folds `layer[norm]`'s gamma and beta into the projection that reads the norm's output:
+    (n * gamma + beta) @ W + b = n @ (gamma[:, None] * W) + (beta @ W + b), for a pre-norm
+    sublayer whose norm feeds that projection only. Removes `layer[norm]` (two ops fewer a
+    norm at every step). Computed in float32, then cast to the kernel's dtype."""
+    gamma, beta = layer[norm]["gamma"], layer[norm]["beta"]
+    dtype = layer[kernel].dtype
+    w = tf.cast(layer[kernel], tf.float32)
+    layer[kernel] = tf.cast(gamma[:, None] * w, dtype)
+    folded_bias = tf.cast(layer[bias], tf.float32) + tf.linalg.matvec(w, beta, transpose_a=True)
+    layer[bias] = tf.cast(folded_bias, dtype)
+    del layer[norm]

@@ -28,6 +28,17 @@ def random_batch(seed=0, batch=3, source_len=9, target_len=7):
     return source, target
 
 
+def randomize_norms(model, seed=0):
+    """Random LayerNorm scales and offsets (a new model's are ones and zeros, which any folding
+    or ordering of them would leave unchanged)."""
+    rng = np.random.default_rng(seed)
+    norms = [w for w in model.weights if w.path.rsplit("/", 1)[-1] in ("gamma", "beta")]
+    assert norms
+    for weight in norms:
+        center = 1.0 if weight.path.endswith("gamma") else 0.0
+        weight.assign(rng.normal(center, 0.5, weight.shape).astype("float32"))
+
+
 @pytest.fixture(scope="module")
 def model():
     model = Transformer(tiny())
@@ -161,6 +172,7 @@ def test_inference_step_equals_keras_decode_step(norm, share, growing):
     model = Transformer(tiny(norm=norm, share_embeddings=share))
     source, target = random_batch(seed=5)
     model((source, target))
+    randomize_norms(model)
     context, mask = model.encode(source)
     memory = model.precompute_context(context, mask)
     max_decode_length = None if growing else 12
@@ -214,6 +226,7 @@ def test_inference_encoder_equals_keras_encode(norm, pack):
     model = Transformer(tiny(norm=norm))
     source, target = random_batch(seed=7)
     model((source, target))
+    randomize_norms(model)
     context, mask = model.encode(source, training=False)
     encoder = EncoderPass(model, pack=pack)
     fast_context, fast_mask = encoder(encoder.read_weights(), tf.constant(source))
@@ -227,6 +240,24 @@ def test_inference_encoder_equals_keras_encode(norm, pack):
         last = real.sum(axis=1) - 1  # [batch]
         for b, t in zip(*np.nonzero(~real)):
             np.testing.assert_array_equal(fast_context[b, t], fast_context[b, last[b]])
+
+
+def test_a_folded_norm_gives_the_projection_of_the_norm():
+    """`_fold_norm`: the plain normalization through the folded kernel and bias gives the
+    LayerNorm's output through the original ones; the layer no longer holds the norm."""
+    from keras_transformer.inference import _fold_norm, _layer_norm
+
+    rng = np.random.default_rng(3)
+    x = tf.constant(rng.normal(size=(5, 16)).astype("float32"))
+    norm = {"gamma": tf.constant(rng.normal(1.0, 0.5, 16).astype("float32")),
+            "beta": tf.constant(rng.normal(0.0, 0.5, 16).astype("float32"))}
+    kernel = tf.constant(rng.normal(size=(16, 24)).astype("float32"))
+    bias = tf.constant(rng.normal(size=24).astype("float32"))
+    layer = {"norm": norm, "kernel": kernel, "bias": bias}
+    _fold_norm(layer, "norm", "kernel", "bias")
+    assert set(layer) == {"kernel", "bias"}
+    np.testing.assert_allclose(_layer_norm(x) @ layer["kernel"] + layer["bias"],
+                               _layer_norm(x, norm) @ kernel + bias, atol=1e-5, rtol=1e-5)
 
 
 def test_padded_rows_index_the_packed_layout():
@@ -288,6 +319,7 @@ def test_inference_step_under_mixed_bfloat16():
         model = Transformer(tiny(norm="pre"))
         source, target = random_batch(seed=6)
         model((source, target))
+        randomize_norms(model)
         context, mask = model.encode(source)
         memory = model.precompute_context(context, mask)
         state = model.init_cache(3)
