@@ -82,7 +82,8 @@ class Translator(tf.Module):
             default and upper bound: the model's `max_positions` (`translator_from_run` passes
             the run's `data.max_pair_length`, the longest source training saw).
         frozen_weights: prepare the weights in the layout the decoding reads (fused, pre-scaled
-            q|k|v kernels, the transposed output embedding, ...) once, here, as variables of
+            q|k|v kernels, pre-norm LayerNorms folded into the projections they feed, the
+            transposed output embedding, ...) once, here, as variables of
             their own, instead of at every call; the module then reads (and a SavedModel
             stores) those instead of the model's variables, and later changes to the model's
             weights do not reach it. For exports and fixed runs; training's validation
