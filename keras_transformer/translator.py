@@ -116,28 +116,32 @@ class Translator(tf.Module):
                                tf.nest.map_structure(lambda _: None, weights))
         else:
             self.model_variables = [w.value for w in model.weights]
-        self._greedy_ids = tf.function(self._greedy_search, jit_compile=jit_compile)
-        self._beam_ids = tf.function(self._beam_search, jit_compile=jit_compile)
+        # The searches are explicit tf.while_loops: autograph would only convert (slowly, the
+        # first time in a process) the model code they call.
+        self._greedy_ids = tf.function(self._greedy_search, jit_compile=jit_compile,
+                                       autograph=False)
+        self._beam_ids = tf.function(self._beam_search, jit_compile=jit_compile,
+                                     autograph=False)
 
-    @tf.function(input_signature=[STRINGS_SPEC])
+    @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
     def __call__(self, source):
         """Beam search with the configured beam size and length penalty."""
         return self.translate_beam(source)
 
-    @tf.function(input_signature=[STRINGS_SPEC])
+    @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
     def translate_greedy(self, source):
         """Greedy decoding: `{"translation": string [batch], "score": float32 [batch]}` with the
         sum of the tokens' log-probabilities as score."""
         return self._translate_words(source, self._greedy_rows,
                                      {"translation": "", "score": 0.0})
 
-    @tf.function(input_signature=[STRINGS_SPEC])
+    @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
     def translate_beam(self, source):
         """Beam search: `{"translation": string [batch], "score": float32 [batch]}` with the
         length-normalized log-probability log P / lp as score."""
         return self._translate_words(source, self._beam_rows, {"translation": "", "score": 0.0})
 
-    @tf.function(input_signature=[STRINGS_SPEC])
+    @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
     def translate_nbest(self, source):
         """The `beam_size` best hypotheses, best first: `{"translations": string [batch, beam],
         "scores": float32 [batch, beam]}`; an empty slot (fewer possible sequences than beams)
