@@ -93,7 +93,8 @@ class Tokenizer(tf.Module):
         self.detokenize.get_concrete_function(tf.TensorSpec([None, None], tf.int32))
         self.detokenize.get_concrete_function(tf.RaggedTensorSpec([None, None], tf.int32, 1))
 
-    @tf.function(input_signature=[STRINGS_SPEC])
+    # Without autograph: no control flow on tensors here, and its conversion is slow.
+    @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
     def tokenize(self, strings):
         """string [batch] -> ragged int32 [batch, (len)]: START, subword ids, END."""
         ids = self._tokenize_words(strings)  # [batch, (n)]
@@ -102,7 +103,7 @@ class Tokenizer(tf.Module):
         end = tf.fill([batch, 1], tf.constant(END_ID, tf.int32))
         return tf.concat([start, ids, end], axis=1)
 
-    @tf.function
+    @tf.function(autograph=False)
     def detokenize(self, ids):
         """int32 [batch, len] (dense or ragged) -> string [batch].
 
