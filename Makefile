@@ -16,7 +16,7 @@ $(BIN)/keras-transformer: setup.cfg pyproject.toml
 install: $(BIN)/keras-transformer
 
 # Two pytest workers, each keeping a test file to itself (module-scoped tokenizer fixtures stay
-# in one process): 7.9 instead of 10.7 minutes on 2 cores; the slowest tests are listed.
+# in one process); the slowest tests are listed. Timings: experiments/log.
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=10
 
 test: install  ## the import contract (setup.cfg [importlinter]), then the test suite
