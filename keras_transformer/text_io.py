@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import warnings
+import zlib
 from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping, Sequence
 
@@ -25,6 +26,14 @@ _LINE_BREAKS = re.compile("[\n\v\f\r\x1c-\x1e\x85\u2028\u2029]")
 
 class DataError(ValueError):
     """Bad input data; the message names the file (and line) and the offending value."""
+
+
+# What reading a damaged gzip file raises (truncated, corrupt body, bad header).
+_GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+
+
+def _damaged(path, error: Exception) -> DataError:
+    return DataError(f"{path}: damaged gzip file ({error})")
 
 
 class InvalidUtf8Warning(UserWarning):
@@ -40,9 +49,16 @@ def open_binary(path: str | os.PathLike) -> BinaryIO:
 
 def read_lines(path: str | os.PathLike) -> Iterator[str]:
     """Yields the lines of a plain or gzip `path` without their line ending; DataError naming
-    the file and line on bytes that are not UTF-8."""
+    the file and line on bytes that are not UTF-8, or the file if it is a damaged gzip file."""
     with open_binary(Path(path)) as f:
-        for number, raw in enumerate(f, start=1):
+        lines = enumerate(f, start=1)
+        while True:
+            try:
+                number, raw = next(lines)
+            except StopIteration:
+                return
+            except _GZIP_ERRORS as error:
+                raise _damaged(path, error) from None
             try:
                 yield raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as error:
@@ -69,13 +85,16 @@ def decode_user_lines(stream: BinaryIO, name: str) -> list[str]:
 
 def read_user_lines(path: str | os.PathLike | None) -> list[str]:
     """`decode_user_lines` of a plain or gzip file, or of standard input when `path` is None or
-    "-"; DataError if the file does not exist."""
+    "-"; DataError if the file does not exist or is a damaged gzip file."""
     if path is None or str(path) == "-":
         return decode_user_lines(sys.stdin.buffer, "<stdin>")
     if not os.path.isfile(path):
         raise DataError(f"{path}: no such file")
     with open_binary(path) as f:
-        return decode_user_lines(f, str(path))
+        try:
+            return decode_user_lines(f, str(path))
+        except _GZIP_ERRORS as error:
+            raise _damaged(path, error) from None
 
 
 def read_parallel_lines(paths: Mapping[str, str | os.PathLike]) -> Iterator[tuple[int, dict]]:

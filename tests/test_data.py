@@ -380,3 +380,22 @@ def test_read_lines_reads_plain_and_gzip_alike(tmp_path):
     expected = ["Ein Hund.", "Zwei Katzen.", "", "Ärger."]
     assert list(read_lines(tmp_path / "a.txt")) == expected
     assert list(read_lines(tmp_path / "a.txt.gz")) == expected
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt_body", "bad_method"])
+def test_a_damaged_gzip_file_is_a_data_error_naming_it(tmp_path, damage):
+    from keras_transformer.text_io import read_lines, read_user_lines
+
+    data = gzip.compress(("Ein Hund.\n" * 2000).encode())
+    if damage == "truncated":
+        data = data[:len(data) // 2]
+    elif damage == "corrupt_body":
+        data = data[:12] + bytes(b ^ 0x5A for b in data[12:40]) + data[40:]
+    else:  # the header's compression method byte
+        data = data[:2] + b"\x07" + data[3:]
+    path = tmp_path / "train.de.gz"
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=r"train\.de\.gz: damaged gzip file"):
+        list(read_lines(path))
+    with pytest.raises(DataError, match=r"train\.de\.gz: damaged gzip file"):
+        read_user_lines(path)
