@@ -141,8 +141,7 @@ class SentencePieceTokenizer(Tokenizer):
                  alpha: float = 1.0):
         model_path = str(model_path)
         self.model_file = tf.saved_model.Asset(model_path)
-        with tf.io.gfile.GFile(model_path, "rb") as f:
-            model = f.read()
+        model = _read_file(model_path, "rb")
         self._check_reserved_ids(model, model_path)
         self.tokenizer = text.SentencepieceTokenizer(model=model, out_type=tf.int32,
                                                      nbest_size=nbest_size, alpha=alpha)
@@ -152,10 +151,13 @@ class SentencePieceTokenizer(Tokenizer):
 
     @staticmethod
     def _check_reserved_ids(model: bytes, model_path: str) -> None:
-        processor = sentencepiece.SentencePieceProcessor(model_proto=model)
+        try:
+            processor = sentencepiece.SentencePieceProcessor(model_proto=model)
+        except RuntimeError as error:  # what sentencepiece raises on bytes it cannot parse
+            raise ConfigError(f"{model_path}: not a SentencePiece model ({error})") from None
         found = (processor.pad_id(), processor.bos_id(), processor.eos_id(), processor.unk_id())
         if found != (PAD_ID, START_ID, END_ID, UNK_ID):
-            raise ValueError(
+            raise ConfigError(
                 f"{model_path}: SentencePiece model has pad/bos/eos/unk ids {found}, expected "
                 f"{(PAD_ID, START_ID, END_ID, UNK_ID)}; train it with train_sentencepiece()")
 
@@ -190,7 +192,7 @@ class WordPieceTokenizer(Tokenizer):
         self.vocab_file = tf.saved_model.Asset(vocab_path)
         vocab = _read_vocab(vocab_path)
         if vocab[:len(WORDPIECE_RESERVED)] != WORDPIECE_RESERVED:
-            raise ValueError(f"{vocab_path}: vocabulary must start with {WORDPIECE_RESERVED}, "
+            raise ConfigError(f"{vocab_path}: vocabulary must start with {WORDPIECE_RESERVED}, "
                              f"found {vocab[:len(WORDPIECE_RESERVED)]}")
         self.vocab_size = len(vocab)
         self.pieces = tf.constant(vocab)  # [vocab_size] strings, for `lookup`
@@ -225,8 +227,19 @@ class WordPieceTokenizer(Tokenizer):
 
 
 def _read_vocab(path: str | Path) -> list[str]:
-    with tf.io.gfile.GFile(str(path), "r") as f:
-        return f.read().splitlines()
+    try:
+        return _read_file(path, "r").splitlines()
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not a UTF-8 vocabulary file ({error.reason} at byte "
+                          f"{error.start})") from None
+
+
+def _read_file(path: str | Path, mode: str):
+    """A vocabulary file's contents (`mode` "r" or "rb"); ConfigError if it is not there."""
+    if not tf.io.gfile.exists(str(path)) or tf.io.gfile.isdir(str(path)):
+        raise ConfigError(f"{path}: vocabulary file not found")
+    with tf.io.gfile.GFile(str(path), mode) as f:
+        return f.read()
 
 
 def train_sentencepiece(sentences: Iterable[str], model_path: str | Path, vocab_size: int,
@@ -362,7 +375,12 @@ def load_tokenizers(data_config: DataConfig,
     if not meta_path.is_file():
         raise ConfigError(f"no vocabulary in {vocab_dir} ({META_FILE} not found): "
                           "run `keras-transformer build-vocab --config ...` first")
-    built = json.loads(meta_path.read_text())
+    try:
+        built = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"{meta_path}: not a JSON file ({error})") from None
+    if not isinstance(built, dict):
+        raise ConfigError(f"{meta_path}: expected a JSON object, found {type(built).__name__}")
     wanted = _settings(data_config)
     changed = {k: (built.get(k), v) for k, v in wanted.items() if built.get(k) != v}
     if changed:

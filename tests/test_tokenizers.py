@@ -213,6 +213,33 @@ def test_load_tokenizers_refuses_other_settings(sentencepiece_vocab, tmp_path):
         load_tokenizers(config, tmp_path)
 
 
+@pytest.mark.parametrize("damage", ["meta_not_json", "meta_a_list", "model_missing",
+                                    "model_garbage", "model_truncated", "model_empty"])
+def test_a_damaged_vocabulary_is_a_config_error_naming_the_file(sentencepiece_vocab, tmp_path,
+                                                                 damage):
+    import shutil
+
+    config, vocab_dir = sentencepiece_vocab
+    copy = tmp_path / "vocab"
+    shutil.copytree(vocab_dir, copy)
+    meta, model = copy / "tokenizer.json", copy / "sentencepiece.model"
+    if damage == "meta_not_json":
+        meta.write_text("{tokenizer: sentencepiece")
+    elif damage == "meta_a_list":
+        meta.write_text("[]")
+    elif damage == "model_missing":
+        model.unlink()
+    elif damage == "model_garbage":
+        model.write_bytes(b"\x00garbage" * 50)
+    elif damage == "model_truncated":
+        model.write_bytes(model.read_bytes()[:5000])
+    else:
+        model.write_bytes(b"")
+    damaged = meta if damage.startswith("meta") else model
+    with pytest.raises(ConfigError, match=rf"^{damaged}: "):
+        load_tokenizers(config, copy)
+
+
 def test_sentencepiece_lowercase_is_rejected(multi30k_config, tmp_path):
     with pytest.raises(ConfigError, match="lowercase"):
         build_tokenizers(multi30k_config(lowercase=True), tf.data.Dataset.range(0), tmp_path)
@@ -240,7 +267,7 @@ def test_model_with_other_reserved_ids_is_rejected(tmp_path, small_pairs):
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences), model_prefix=str(tmp_path / "default"),
         vocab_size=60, hard_vocab_limit=False, minloglevel=2)  # unk=0, bos=1, eos=2, no pad
-    with pytest.raises(ValueError, match=r"default.model.*pad/bos/eos/unk ids \(-1, 1, 2, 0\)"):
+    with pytest.raises(ConfigError, match=r"default.model.*pad/bos/eos/unk ids \(-1, 1, 2, 0\)"):
         SentencePieceTokenizer(tmp_path / "default.model")
 
 
