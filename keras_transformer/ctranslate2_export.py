@@ -328,18 +328,26 @@ class CTranslate2Translator:
         if not settings_path.is_file():
             raise FileNotFoundError(f"{self.model_dir} is not an export of export_ctranslate2 "
                                     f"(no {SETTINGS_FILE})")
-        self.settings = json.loads(settings_path.read_text())
-        self.processor = sentencepiece.SentencePieceProcessor(
-            model_file=str(self.model_dir / self.settings["sentencepiece_model"]))
-        self.translator = ctranslate2.Translator(
-            str(self.model_dir), device=device, compute_type=compute_type,
-            inter_threads=inter_threads, intra_threads=intra_threads)
-        self.beam_size = int(self.settings["beam_size"])
-        self.alpha = float(self.settings["alpha"])
-        self.patience = float(self.settings.get("patience", 1.0))  # older exports: the default
-        self.max_extra_length = int(self.settings["max_extra_length"])
-        self.max_positions = int(self.settings["max_positions"])
-        self.max_source_length = int(self.settings.get("max_source_length", self.max_positions))
+        # A damaged folder fails in json, sentencepiece or CTranslate2, each with its own error.
+        try:
+            self.settings = json.loads(settings_path.read_text(encoding="utf-8"))
+            self.processor = sentencepiece.SentencePieceProcessor(
+                model_file=str(self.model_dir / self.settings["sentencepiece_model"]))
+            self.translator = ctranslate2.Translator(
+                str(self.model_dir), device=device, compute_type=compute_type,
+                inter_threads=inter_threads, intra_threads=intra_threads)
+            self.beam_size = int(self.settings["beam_size"])
+            self.alpha = float(self.settings["alpha"])
+            # older exports: CTranslate2's default patience, the source length of the table
+            self.patience = float(self.settings.get("patience", 1.0))
+            self.max_extra_length = int(self.settings["max_extra_length"])
+            self.max_positions = int(self.settings["max_positions"])
+            self.max_source_length = int(self.settings.get("max_source_length",
+                                                           self.max_positions))
+        except (ValueError, KeyError, TypeError, AttributeError, RuntimeError, OSError) as error:
+            detail = f"no {error} in {SETTINGS_FILE}" if isinstance(error, KeyError) else error
+            raise ConfigError(f"{self.model_dir}: damaged CTranslate2 export "
+                              f"({_first_line(detail)})") from error
 
     def translate_greedy(self, batch) -> dict:
         """Greedy decoding: `{"translation": bytes [batch], "score": float32 [batch]}` with
@@ -546,3 +554,7 @@ def _strings(batch) -> list[bytes]:
     if hasattr(batch, "numpy"):
         batch = batch.numpy()
     return [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in list(batch)]
+
+
+def _first_line(message) -> str:
+    return next((line for line in str(message).splitlines() if line.strip()), "")

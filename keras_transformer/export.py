@@ -120,11 +120,18 @@ def write_provenance(folder: str | os.PathLike, record: dict) -> Path:
 
 def read_provenance(export_dir: str | os.PathLike) -> dict:
     """The provenance record of a SavedModel or CTranslate2 export; FileNotFoundError naming
-    the folder if it has none."""
+    the folder if it has none, ConfigError naming the file if it does not parse."""
     export_dir = Path(export_dir)
     for path in (export_dir / "assets.extra" / PROVENANCE_FILE, export_dir / PROVENANCE_FILE):
         if path.is_file():
-            return json.loads(path.read_text())
+            try:
+                record = json.loads(path.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError is a ValueError
+                raise ConfigError(f"{path}: not a JSON file ({error})") from None
+            if not isinstance(record, dict):
+                raise ConfigError(f"{path}: expected a JSON object, found "
+                                  f"{type(record).__name__}")
+            return record
     raise FileNotFoundError(f"{export_dir}: no {PROVENANCE_FILE} (not an export of "
                             "keras-transformer, or one made before it recorded provenance)")
 
@@ -180,6 +187,9 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
         raise ConfigError(f"--version {version}: TF Serving versions are positive integers")
     if format == "ctranslate2":
         return _export_run_ctranslate2(run_dir, model_root, quantization, **translator_args)
+    if quantization != "float32":
+        raise ConfigError(f"--quantization {quantization} is for --format ctranslate2; a "
+                          "SavedModel keeps the run's float32 weights")
     check_writable_folder(model_root, "export folder")
     if version is not None and (Path(model_root) / str(version)).exists():
         raise FileExistsError(f"{Path(model_root) / str(version)} already exists: choose another "
@@ -221,6 +231,10 @@ def load_any(export_dir: str | os.PathLike, **ctranslate2_args):
         from keras_transformer.ctranslate2_export import CTranslate2Translator
 
         return CTranslate2Translator(export_dir, **ctranslate2_args)
+    if not (export_dir / "saved_model.pb").is_file():
+        raise FileNotFoundError(f"{export_dir} is neither a SavedModel (no saved_model.pb) nor "
+                                "a CTranslate2 model (no model.bin): pass a version folder such "
+                                "as saved_models/NAME/1, or a CTranslate2 export folder")
     return load_translator(export_dir)
 
 
@@ -233,4 +247,14 @@ def load_translator(export_dir: str | os.PathLike):
     if not (export_dir / "saved_model.pb").is_file():
         raise FileNotFoundError(f"{export_dir} is not a SavedModel (no saved_model.pb): pass a "
                                 "version folder such as saved_models/NAME/1")
-    return tf.saved_model.load(str(export_dir))
+    try:
+        module = tf.saved_model.load(str(export_dir))
+    except (tf.errors.OpError, OSError, ValueError, KeyError, IndexError, RuntimeError) as error:
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        raise ConfigError(f"{export_dir}: the SavedModel does not load, damaged? "
+                          f"({type(error).__name__}: {lines[0] if lines else ''})") from error
+    missing = [name for name in SIGNATURES[1:] if not hasattr(module, name)]  # the functions
+    if missing:
+        raise ConfigError(f"{export_dir}: a SavedModel without {', '.join(missing)}: not an "
+                          "export of keras-transformer")
+    return module

@@ -470,3 +470,26 @@ def test_native_beam_stops_as_the_exports_patience(models, tmp_path):
         assert hypotheses[0][0] == best
         np.testing.assert_allclose(hypotheses[0][1], score[0], atol=1e-3)
     assert compared >= len(SENTENCES) // 2
+
+
+@pytest.mark.parametrize("damage", ["settings_not_json", "settings_key_missing",
+                                    "sentencepiece_missing", "model_truncated"])
+def test_a_damaged_export_is_a_config_error_naming_the_folder(random_translation_model, tmp_path,
+                                                              damage):
+    model, tokenizer = random_translation_model
+    folder = export(model, tokenizer, tmp_path / "ct2")
+    settings = folder / SETTINGS_FILE
+    if damage == "settings_not_json":
+        settings.write_text('{"beam_size": ')
+    elif damage == "settings_key_missing":
+        record = json.loads(settings.read_text())
+        del record["beam_size"]
+        settings.write_text(json.dumps(record))
+    elif damage == "sentencepiece_missing":
+        (folder / json.loads(settings.read_text())["sentencepiece_model"]).unlink()
+    else:
+        (folder / "model.bin").write_bytes((folder / "model.bin").read_bytes()[:1000])
+    with pytest.raises(ConfigError, match=rf"^{folder}: damaged CTranslate2 export \(.+\)$") as info:
+        CTranslate2Translator(folder)
+    if damage == "settings_key_missing":
+        assert f"no 'beam_size' in {SETTINGS_FILE}" in str(info.value)

@@ -329,7 +329,7 @@ def test_cli_export_translate_evaluate(random_run, tmp_path):
     code, _, err = run_cli(["translate", "--model", str(models / "1"), "--beam", "5"], "x\n")
     assert code == 2 and "exported with beam size 2" in err
     code, _, err = run_cli(["translate", "--model", str(models / "7")], "x\n")
-    assert code == 2 and "not a SavedModel" in err
+    assert code == 2 and "neither a SavedModel (no saved_model.pb) nor a CTranslate2" in err
     code, _, err = run_cli(["export", "--run", str(random_run), "--output", str(models),
                             "--version", "1"])
     assert code == 2 and "already exists" in err
@@ -345,6 +345,49 @@ def test_cli_export_translate_evaluate(random_run, tmp_path):
     for metric in ("bleu:", "bleu_lowercase:", "chrf:", "chrf_lowercase:"):
         assert metric in out
     assert "case:lc" in out and "tok:13a" in out  # sacreBLEU signatures
+
+
+@pytest.mark.parametrize("damage", ["variables_truncated", "variables_missing", "foreign",
+                                    "provenance_not_json", "provenance_a_list"])
+def test_cli_names_a_damaged_or_foreign_saved_model(export_dir, tmp_path, damage):
+    import shutil
+
+    copy = tmp_path / "1"
+    if damage == "foreign":
+        module = tf.Module()
+        module.translate_greedy = tf.function(lambda s: {"translation": s},
+                                              input_signature=[tf.TensorSpec([None], tf.string)])
+        tf.saved_model.save(module, str(copy))
+    else:
+        shutil.copytree(export_dir, copy)
+    data = next((copy / "variables").glob("variables.data-*"), None)
+    provenance = copy / "assets.extra" / "keras_transformer.json"
+    if damage == "variables_truncated":
+        data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
+    elif damage == "variables_missing":
+        shutil.rmtree(copy / "variables")
+    elif damage == "provenance_not_json":
+        provenance.write_text('{"run": ')
+    elif damage == "provenance_a_list":
+        provenance.write_text("[1, 2]")
+    command = ["info"] if damage.startswith("provenance") else ["translate", "--quiet"]
+    code, out, err = run_cli([*command, "--model", str(copy)], "Hallo\n")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    expected = {
+        "variables_truncated": f"{copy}: the SavedModel does not load",
+        "variables_missing": f"{copy}: the SavedModel does not load",
+        "foreign": f"{copy}: a SavedModel without translate_beam, translate_nbest: not an export",
+        "provenance_not_json": f"{provenance}: not a JSON file",
+        "provenance_a_list": f"{provenance}: expected a JSON object, found list",
+    }[damage]
+    assert expected in err, err
+
+
+def test_cli_export_refuses_quantization_without_ctranslate2(random_run, tmp_path):
+    code, _, err = run_cli(["export", "--run", str(random_run), "--output", str(tmp_path / "m"),
+                            "--quantization", "int8"])
+    assert code == 2 and "--quantization int8 is for --format ctranslate2" in err, err
+    assert not (tmp_path / "m").exists()
 
 
 @pytest.fixture(scope="module")
