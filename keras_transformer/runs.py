@@ -30,6 +30,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -195,8 +196,11 @@ class Run:
         return model
 
     def epoch_checkpoints(self) -> list[Path]:
-        """The run's per-epoch weight files, oldest first."""
-        return sorted(self.checkpoint_dir.glob("epoch_*.weights.h5"))
+        """The run's per-epoch weight files (`epoch_NNN.weights.h5`; other files in the folder
+        are not checkpoints), oldest first."""
+        found = [p for p in self.checkpoint_dir.glob("epoch_*.weights.h5")
+                 if _CHECKPOINT_NAME.fullmatch(p.name)]
+        return sorted(found, key=_epoch_of)
 
     # ------------------------------------------------------------------------- training state
 
@@ -206,10 +210,19 @@ class Run:
         if not self.state_path.is_file():
             return None
         try:
-            return json.loads(self.state_path.read_text())
+            state = json.loads(self.state_path.read_text())
         except ValueError as error:
-            raise ConfigError(f"{self.state_path} is damaged ({error}); delete it to resume "
-                              "from the newest epoch checkpoint") from None
+            raise self._damaged_state(error) from None
+        if not isinstance(state, dict):
+            raise self._damaged_state(f"a JSON {type(state).__name__}, not an object")
+        epoch = state.get("epoch")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise self._damaged_state(f"epoch {epoch!r} is not a number of epochs")
+        return state
+
+    def _damaged_state(self, why) -> ConfigError:
+        return ConfigError(f"{self.state_path} is damaged ({why}); delete it to resume from the "
+                           "newest epoch checkpoint")
 
     def epochs_done(self) -> int:
         """Epochs the run has recorded as finished: `state.json`'s, or without it the newest
@@ -401,10 +414,14 @@ def load_weights(model: Transformer, path: str | os.PathLike, config: ModelConfi
         with h5py.File(path, "r") as f:
             trained = f.attrs.get(MODEL_CONFIG_ATTR)
             states = f.attrs.get(RANDOM_STATES_ATTR)
-    except OSError as error:
+    except (OSError, RuntimeError) as error:  # h5py: RuntimeError for damaged metadata
         raise DamagedWeightsError(f"{path} is damaged ({_first_line(error)})") from None
     if trained is not None:
-        trained = json.loads(trained)
+        try:
+            trained = json.loads(trained)
+        except ValueError as error:
+            raise DamagedWeightsError(f"{path} is damaged (its model config attribute: "
+                                      f"{_first_line(error)})") from None
         for field in dataclasses.fields(ModelConfig):
             name = field.name
             if name != "dropout" and name in trained and trained[name] != getattr(config, name):
@@ -412,7 +429,7 @@ def load_weights(model: Transformer, path: str | os.PathLike, config: ModelConfi
                                   f"{where} has model.{name}={getattr(config, name)!r}")
     try:
         model.load_weights(path)
-    except (OSError, KeyError) as error:
+    except (OSError, KeyError, RuntimeError) as error:
         raise DamagedWeightsError(f"{path} is damaged ({_first_line(error)})") from None
     except ValueError as error:
         raise ConfigError(f"{path} does not fit the model of {where} "
@@ -457,6 +474,9 @@ def with_vocab_sizes(config: ExperimentConfig, source: Tokenizer,
     model = dataclasses.replace(config.model, source_vocab_size=source.vocab_size,
                                 target_vocab_size=target.vocab_size)
     return dataclasses.replace(config, model=model)
+
+
+_CHECKPOINT_NAME = re.compile(r"epoch_(\d+)\.weights\.h5")
 
 
 def _epoch_of(path: Path) -> int:

@@ -152,6 +152,18 @@ def test_a_truncated_weight_file_is_named(tmp_path):
         runs.load_weights(model, path, model.config)
 
 
+def test_a_weight_file_with_damaged_metadata_is_named(tmp_path):
+    """Bytes flipped in the HDF5 structures (not the arrays): h5py raises RuntimeError."""
+    model = Transformer(tiny_config().model)
+    model.build()
+    path = runs.save_weights(model, tmp_path / "w.weights.h5")
+    data = bytearray(path.read_bytes())
+    data[600:1000] = bytes(b ^ 0xFF for b in data[600:1000])
+    path.write_bytes(bytes(data))
+    with pytest.raises(DamagedWeightsError, match=rf"^{path} is damaged \("):
+        runs.load_weights(model, path, model.config)
+
+
 @pytest.mark.parametrize("field, old, new", [("num_layers", 2, 3), ("d_model", 32, 256)])
 def test_a_run_config_edited_after_training_is_refused_in_one_line(run_with_two_epochs, field,
                                                                    old, new):
@@ -272,8 +284,21 @@ def test_an_output_that_is_a_file_or_read_only_is_refused(tmp_path, read_only_di
     assert not list(read_only_dir.iterdir())
 
 
-def test_state_json_damaged_by_hand_is_named(run_with_two_epochs):
+@pytest.mark.parametrize("text", ["{", "[]", "{}", '{"epoch": "one"}', '{"epoch": -1}'])
+def test_state_json_damaged_by_hand_is_named(run_with_two_epochs, text):
     run, _ = run_with_two_epochs
-    run.state_path.write_text("{")
-    with pytest.raises(ConfigError, match=r"state.json is damaged \(.*\); delete it"):
-        run.state()
+    run.state_path.write_text(text)
+    for check in (run.state, run.epochs_done, lambda: run.finished(tiny_config(epochs=5))):
+        with pytest.raises(ConfigError, match=r"state.json is damaged \(.*\); delete it"):
+            check()
+
+
+def test_only_epoch_numbered_files_are_checkpoints_in_epoch_order(run_with_two_epochs):
+    import shutil
+
+    run, _ = run_with_two_epochs
+    first = run.checkpoint_file(1)
+    shutil.copy(first, run.checkpoint_dir / "epoch_final.weights.h5")
+    shutil.copy(first, run.checkpoint_dir / "epoch_1000.weights.h5")
+    assert [p.name for p in run.epoch_checkpoints()] == [
+        "epoch_001.weights.h5", "epoch_002.weights.h5", "epoch_1000.weights.h5"]
