@@ -315,24 +315,30 @@ class Run:
         the paper averaged the last 5 or 20 checkpoints), or of the `last` epochs up to epoch
         `upper_bound` (fairseq's --checkpoint-upper-bound: the model as it stood at that epoch).
         Returns the written file's path (default `average_lastN[_toE].weights.h5` in the run)."""
+        config = self.config  # ConfigError if the folder is not a run
         suffix = "" if upper_bound is None else f"_to{upper_bound}"
         output = Path(output or self.path / f"average_last{last}{suffix}.weights.h5")
         check_weights_output(output)
         paths = self.epoch_checkpoints()
+        trained = [self.weights_file("best"), self.weights_file("last"), *paths]
+        if any(output.resolve() == path.resolve() for path in trained):
+            raise ConfigError(f"{output} holds the run's own trained weights: write the average "
+                              "to another file (--output)")
         if upper_bound is not None:
             paths = [p for p in paths if _epoch_of(p) <= upper_bound]
         if last < 1 or len(paths) < last:
             bound = "" if upper_bound is None else f" up to epoch {upper_bound}"
             raise ConfigError(f"cannot average the last {last} checkpoints{bound}: "
                               f"{self.checkpoint_dir} holds {len(paths)}")
-        model = Transformer(self.config.model)
+        model = Transformer(config.model)
         model.build()
         total = None
         for path in paths[-last:]:
-            load_weights(model, path, self.config.model, self.config_path)
+            load_weights(model, path, config.model, self.config_path)
             weights = model.get_weights()
             total = weights if total is None else [t + w for t, w in zip(total, weights)]
         model.set_weights([(t / last).astype(w.dtype) for t, w in zip(total, model.get_weights())])
+        output.parent.mkdir(parents=True, exist_ok=True)
         save_weights(model, output)
         return output
 

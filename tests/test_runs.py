@@ -117,6 +117,15 @@ def test_averaged_weights_are_written_whole_with_a_checked_name(run_with_two_epo
     (tmp_path / "folder.weights.h5").mkdir()
     with pytest.raises(ConfigError, match=r"folder.weights.h5 is a folder, not a weights file"):
         run.average(2, tmp_path / "folder.weights.h5")
+    before = snapshot(run.path)
+    for own in ("best.weights.h5", "last.weights.h5", "checkpoints/epoch_002.weights.h5"):
+        with pytest.raises(ConfigError, match=r"holds the run's own trained weights"):
+            run.average(2, run.path / "checkpoints" / ".." / own)
+    assert snapshot(run.path) == before
+    nested = tmp_path / "new" / "folder" / "mean.weights.h5"
+    assert run.average(2, nested) == nested and nested.is_file()
+    with pytest.raises(ConfigError, match=r"is not a training run \(config.yaml not found\)"):
+        Run(tmp_path / "nowhere").average(2)
 
 
 # ----------------------------------------------------------------------------- what weights carry
