@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import warnings
@@ -164,9 +165,14 @@ def _translate_function(args):
     if args.run_dir:
         from keras_transformer.translator import translator_from_run
 
-        module = translator_from_run(args.run_dir, weights=args.weights, beam_size=args.beam)
+        module = translator_from_run(args.run_dir, weights=args.weights or "best",
+                                     beam_size=args.beam)
     else:
         from keras_transformer.export import load_any
+
+        if args.weights is not None:
+            raise ConfigError(f"--weights {args.weights}: an export holds the weights it was "
+                              "made from; --weights is for --run")
 
         module = load_any(args.model)
         if args.beam is not None and not args.greedy:
@@ -281,6 +287,7 @@ def _evaluate(args) -> int:
     from keras_transformer.evaluation import score
     from keras_transformer.text_io import write_lines
 
+    _check_output_file(args.output, {"--source": args.source, "--reference": args.reference})
     sources, references = _read_aligned(args.source, args.reference, args.command)
     hypotheses = _translate_lines(args, sources)
     if args.output:
@@ -296,6 +303,9 @@ def _tune_search(args) -> int:
 
     from keras_transformer.translator import translator_from_run, tune_search
 
+    _check_output_file(args.output, {"--source": args.source, "--reference": args.reference})
+    if args.patience is not None and args.stopping == ["exact"]:
+        raise ConfigError("--patience is for the beam_full rule; --stopping exact has none")
     sources, references = _read_aligned(args.source, args.reference, args.command)
     translator = translator_from_run(args.run_dir, weights=args.weights)
     tuned = tune_search(translator, sources, references, args.beam, args.alpha,
@@ -312,6 +322,22 @@ def _tune_search(args) -> int:
         with open(args.output, "w", encoding="utf-8") as f:
             json.dump(tuned, f, indent=1)
     return 0
+
+
+def _check_output_file(output, inputs: dict) -> None:
+    """ConfigError, before any work, if `output` (None: no output) is an input file or cannot
+    be a file."""
+    if output is None:
+        return
+    for flag, path in inputs.items():
+        if os.path.exists(path) and os.path.exists(output) and os.path.samefile(path, output):
+            raise ConfigError(f"--output {output} is the {flag} file: writing it would "
+                              "destroy the input")
+    if os.path.isdir(output):
+        raise ConfigError(f"--output {output} is a folder, not a file")
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--output {output}: no folder {folder}")
 
 
 def _rule(row: dict) -> str:
@@ -337,8 +363,9 @@ def _numbers(text: str, minimum: float, name: str) -> list[float]:
         values = [float(part) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of numbers")
-    if not all(value >= minimum for value in values):
-        raise argparse.ArgumentTypeError(f"{text}: every {name} must be >= {minimum:g}")
+    if not all(value >= minimum and math.isfinite(value) for value in values):
+        raise argparse.ArgumentTypeError(f"{text}: every {name} must be a finite number >= "
+                                         f"{minimum:g}")
     return values
 
 
@@ -346,21 +373,31 @@ def _alphas(text: str) -> list[float]:
     return _numbers(text, 0, "alpha")
 
 
+def _alpha(text: str) -> float:
+    if "," in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: one alpha, not a list")
+    return _alphas(text)[0]
+
+
 def _patiences(text: str) -> list[float]:
     return _numbers(text, 1, "patience")
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
-    return value
+    return _int_at_least(text, 1)
 
 
 def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is not >= 0")
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{value} is not >= {minimum}")
     return value
 
 
@@ -371,10 +408,10 @@ def _add_translator_arguments(parser):
     source.add_argument("--run", dest="run_dir",
                         help="training run folder (uses the Keras model directly)")
     search = parser.add_mutually_exclusive_group()
-    search.add_argument("--beam", type=int, metavar="K",
+    search.add_argument("--beam", type=_positive_int, metavar="K",
                         help="beam size (default: the run's decode.beam_size, or the export's)")
     search.add_argument("--greedy", action="store_true", help="greedy search")
-    parser.add_argument("--weights", default="best",
+    parser.add_argument("--weights",
                         help="with --run: best, last, or a weight file (default: best)")
     parser.add_argument("--batch-size", type=_positive_int, default=64,
                         help="sentences per batch")
@@ -454,9 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", required=True,
                         help="model folder; the export goes to OUTPUT/VERSION/")
     export.add_argument("--version", type=int, help="version number (default: the next one)")
-    export.add_argument("--beam", type=int, help="beam size of serving_default (default: the "
-                        "run's decode.beam_size)")
-    export.add_argument("--alpha", type=float, help="length penalty (default: decode.alpha)")
+    export.add_argument("--beam", type=_positive_int, help="beam size of serving_default "
+                        "(default: the run's decode.beam_size)")
+    export.add_argument("--alpha", type=_alpha, help="length penalty (default: decode.alpha)")
     export.add_argument("--weights", default="best", help="best, last, or a weight file")
     export.add_argument("--format", choices=("savedmodel", "ctranslate2"), default="savedmodel",
                         help="savedmodel (TF Serving; OUTPUT/VERSION/) or ctranslate2 (a "

@@ -248,8 +248,8 @@ class DecodeConfig:
         _check_choice("decode.stopping", self.stopping, STOPPING_CHOICES)
         if not self.patience >= 1:
             raise ConfigError(f"decode.patience={self.patience!r} must be >= 1")
-        if not self.alpha >= 0:
-            raise ConfigError(f"decode.alpha={self.alpha!r} must be >= 0")
+        if not (self.alpha >= 0 and math.isfinite(self.alpha)):
+            raise ConfigError(f"decode.alpha={self.alpha!r} must be a finite number >= 0")
         _check_positive("decode.max_extra_length", self.max_extra_length)
 
 

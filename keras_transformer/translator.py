@@ -41,7 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer import decoding
-from keras_transformer.config import DecodeConfig
+from keras_transformer.config import ConfigError, DecodeConfig
 from keras_transformer.evaluation import score
 from keras_transformer.inference import DecoderStep, EncoderPass
 from keras_transformer.model import Transformer
@@ -97,6 +97,9 @@ class Translator(tf.Module):
         super().__init__(name=name)
         # Not tracked: the SavedModel would store every weight twice, once through the Keras
         # variable wrappers and once as the tf.Variables below.
+        if decode_config.beam_size > target_tokenizer.vocab_size:
+            raise ConfigError(f"decode.beam_size={decode_config.beam_size} is larger than the "
+                              f"target vocabulary ({target_tokenizer.vocab_size} tokens)")
         object.__setattr__(self, "model", model)
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer

@@ -184,13 +184,54 @@ def test_model_errors_are_one_line(random_export, tmp_path, monkeypatch, capsys)
     (damaged / "saved_model.pb").write_bytes(b"not a protocol buffer")
     a_file = tmp_path / "model.pb"
     a_file.write_bytes(b"")
-    for path, message in ((a_file, "is not a SavedModel"), (tmp_path / "nowhere", "is not a "
-                          "SavedModel"), (damaged, str(damaged))):
+    for path, message in ((a_file, "is neither a SavedModel"), (tmp_path / "nowhere", "is "
+                          "neither a SavedModel"), (damaged, str(damaged))):
         code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(path)],
                                  b"Hallo\n")
         assert code == 2 and out == "", err
         assert err.startswith("keras-transformer translate: error: ") and message in err, err
         assert len(err.splitlines()) == 1, err
+def test_argument_mistakes_are_refused_before_any_work(random_export, random_run, tmp_path,
+                                                      monkeypatch, capsys):
+    """Values the parser or the command refuses, each in one line naming the argument; an
+    evaluate --output that is an input file leaves that file as it was."""
+    source, reference = tmp_path / "src.de", tmp_path / "ref.en"
+    source.write_text("Hallo\n")
+    reference.write_text("Hello\n")
+    model = ["--model", str(random_export), "--quiet"]
+    for argv, message in (
+            (["translate", *model, "--beam", "0"], "argument --beam: 0 is not >= 1"),
+            (["translate", *model, "--batch-size", "abc"],
+             "argument --batch-size: 'abc' is not an integer"),
+            (["export", "--run", str(random_run), "--output", str(tmp_path / "m"), "--alpha",
+              "inf"], "argument --alpha: inf: every alpha must be a finite number >= 0"),
+            (["tune-search", "--run", str(random_run), "--source", str(source), "--reference",
+              str(reference), "--beam", "x"], "argument --beam: 'x' is not an integer")):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and message in err, err
+
+    evaluate = ["evaluate", *model, "--source", str(source), "--reference", str(reference)]
+    for argv, message in (
+            ([*evaluate, "--output", str(source)],
+             f"--output {source} is the --source file: writing it would destroy the input"),
+            ([*evaluate, "--output", str(tmp_path / "." / "ref.en")], "is the --reference file"),
+            ([*evaluate, "--output", str(tmp_path)], f"--output {tmp_path} is a folder"),
+            ([*evaluate, "--output", str(tmp_path / "no" / "hyp")], "--output"),
+            (["translate", *model, "--weights", "last"],
+             "--weights last: an export holds the weights it was made from"),
+            (["translate", "--run", str(random_run), "--beam", "100000"],
+             "decode.beam_size=100000 is larger than the target vocabulary (1000 tokens)"),
+            (["tune-search", "--run", str(random_run), "--source", str(source), "--reference",
+              str(reference), "--stopping", "exact", "--patience", "2"],
+             "--patience is for the beam_full rule")):
+        code, out, err = run_cli(monkeypatch, capsys, argv)
+        assert code == 2 and out == "" and message in err, err
+        assert len(err.splitlines()) == 1, err
+    assert source.read_text() == "Hallo\n" and reference.read_text() == "Hello\n"
+
+
 # ----------------------------------------------------------------------------- user mistakes
 
 def error_line(capsys, command="train") -> str:

@@ -236,7 +236,8 @@ def test_ints_are_accepted_for_floats_but_bools_are_not_ints(tmp_path):
     (TrainConfig, dict(seed=-1), r"train.seed=-1 must be in \[0, 2\*\*32\)"),
     (TrainConfig, dict(seed=2 ** 32), r"train.seed=4294967296 must be in \[0, 2\*\*32\)"),
     (DecodeConfig, dict(beam_size=0), "decode.beam_size=0 must be positive"),
-    (DecodeConfig, dict(alpha=-0.5), "decode.alpha=-0.5 must be >= 0"),
+    (DecodeConfig, dict(alpha=-0.5), "decode.alpha=-0.5 must be a finite number >= 0"),
+    (DecodeConfig, dict(alpha=float("inf")), "decode.alpha=inf must be a finite number >= 0"),
     (DecodeConfig, dict(max_extra_length=0), "decode.max_extra_length=0 must be positive"),
 ])
 def test_every_numeric_setting_has_its_range_checked(cls, kwargs, message):
