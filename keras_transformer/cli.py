@@ -87,8 +87,14 @@ def _load_config(args):
 
 def _build_vocab(args) -> int:
     from keras_transformer.data import build_vocab
+    from keras_transformer.runs import check_writable_folder
+    from keras_transformer.tokenizers import META_FILE
 
     config = _load_config(args)
+    check_writable_folder(args.output, "--output")
+    if os.path.exists(os.path.join(args.output, META_FILE)):
+        raise ConfigError(f"--output {args.output} already holds a vocabulary (a run's weights "
+                          "fit only their own): choose another folder, or delete it first")
     source, target = build_vocab(config.data, args.output)
     print(f"wrote {config.data.tokenizer} vocabulary to {args.output}: source "
           f"{source.vocab_size}, target {target.vocab_size} tokens")

@@ -67,6 +67,12 @@ def test_build_vocab_then_data_stats(tmp_path, multi30k_dir, capsys):
     assert cli.main(["build-vocab", "--config", str(config), "--output", str(vocab)]) == 0
     assert (vocab / "sentencepiece.model").is_file() and (vocab / "tokenizer.json").is_file()
     assert "wrote sentencepiece vocabulary" in capsys.readouterr().out
+    model_file = (vocab / "sentencepiece.model").read_bytes()
+    assert cli.main(["build-vocab", "--config", str(config), "--output", str(vocab)]) == 2
+    assert "already holds a vocabulary" in error_line(capsys, "build-vocab")
+    assert (vocab / "sentencepiece.model").read_bytes() == model_file
+    assert cli.main(["build-vocab", "--config", str(config), "--output", str(config)]) == 2
+    assert f"--output {config} is a file, not a folder" in error_line(capsys, "build-vocab")
 
     assert cli.main(["data-stats", "--config", str(config), "--vocab", str(vocab)]) == 0
     report = capsys.readouterr().out
