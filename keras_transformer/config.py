@@ -349,11 +349,26 @@ def read_yaml(path: Path) -> Any:
     """The YAML document of a file (None if it is empty); ConfigError naming the file, and the
     line, for text that is not UTF-8 or not YAML."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError as error:
         raise ConfigError(f"{path}: not UTF-8 text (byte {error.start})") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}{_yaml_error(error)}") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, but a key given twice in one mapping is an error (PyYAML keeps
+    the last one silently, so the first would be a setting that never applies)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _yaml_error(error: yaml.YAMLError) -> str:
@@ -388,7 +403,9 @@ def apply_override(values: dict, override: str) -> None:
     *sections, key = dotted.strip().split(".")
     node = values
     for section in sections:
-        node = node.setdefault(section, {})
+        if node.get(section) is None:  # absent, or an empty section (`train:` alone)
+            node[section] = {}
+        node = node[section]
         if not isinstance(node, dict):
             raise ConfigError(f"override {override!r}: {section!r} is not a section")
     try:

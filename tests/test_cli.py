@@ -275,6 +275,10 @@ def fake_run(tiny_experiment, tmp_path):
     ("name: x\n", "train.learning_rate_scale=-1",
      "train.learning_rate_scale=-1.0 must be positive"),
     ("name: x\n", "train.adam_beta_2=1", r"train.adam_beta_2=1.0 must be in [0, 1)"),
+    ("name: x\ntrain: {epochs: 2}\ntrain: {epochs: 3}\n", None,
+     "exp.yaml, line 3: invalid YAML (key 'train' given twice)"),
+    ("name: x\ntrain:\n  epochs: 2\n  epochs: 3\n", None,
+     "exp.yaml, line 4: invalid YAML (key 'epochs' given twice)"),
 ])
 def test_config_mistakes_are_one_line_errors(tmp_path, capsys, text, override, message):
     config = tmp_path / "exp.yaml"

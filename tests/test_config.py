@@ -164,6 +164,8 @@ def test_experiment_yaml_with_preset_and_overrides(tmp_path):
     saved = tmp_path / "saved.yaml"
     config.to_yaml(saved)
     assert ExperimentConfig.from_yaml(saved) == config
+    path.write_text("name: demo\ntrain:\n")  # an empty section takes overrides too
+    assert ExperimentConfig.from_yaml(path, ["train.epochs=5"]).train.epochs == 5
 
 
 @pytest.mark.parametrize("override, message", [
