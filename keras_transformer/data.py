@@ -23,6 +23,7 @@ Policies (nothing is lost silently: `pair_stats` counts every pair as kept or dr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -124,12 +125,31 @@ def _load_multi30k(data_config: DataConfig, split: str) -> tf.data.Dataset:
     builder = tfds.builder("multi30k", data_dir=_tfds_data_dir(data_config))
     builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(manual_dir=_local_dir_or_none(data_config)))
-    return _select_languages(builder.as_dataset(split=split), data_config, "multi30k")
+    with _tfds_errors(data_config, split):
+        examples = builder.as_dataset(split=split)
+    return _select_languages(examples, data_config, "multi30k")
 
 
 def _load_tfds(data_config: DataConfig, split: str) -> tf.data.Dataset:
-    examples = tfds.load(data_config.dataset, split=split, data_dir=_tfds_data_dir(data_config))
+    with _tfds_errors(data_config, split):
+        examples = tfds.load(data_config.dataset, split=split,
+                             data_dir=_tfds_data_dir(data_config))
     return _select_languages(examples, data_config, data_config.dataset)
+
+
+@contextlib.contextmanager
+def _tfds_errors(data_config: DataConfig, split: str):
+    """tfds's errors for an unknown dataset or split as ConfigErrors naming the setting."""
+    try:
+        yield
+    except tfds.core.DatasetNotFoundError as error:
+        raise ConfigError(f"data.dataset={data_config.dataset!r}: "
+                          f"{str(error).splitlines()[0]}") from None
+    except ValueError as error:
+        if not str(error).startswith("Unknown split"):
+            raise
+        raise ConfigError(f"split {split!r} of data.dataset={data_config.dataset!r}: "
+                          f"{str(error).splitlines()[0]}") from None
 
 
 def _select_languages(examples: tf.data.Dataset, data_config: DataConfig, name: str):

@@ -48,12 +48,38 @@ def split_cpu(count: int) -> None:
 
 
 def _cluster_workers() -> int:
-    try:
-        cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
-    except (ValueError, AttributeError) as error:
-        raise ConfigError(f"the TF_CONFIG environment variable is not a JSON object "
-                          f"({error})") from None
+    cluster = _tf_config().get("cluster", {})
     return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+
+
+def _tf_config() -> dict:
+    """The TF_CONFIG environment variable ({} if unset), checked for what tf.distribute reads:
+    `cluster` maps job names to lists of "host:port", `task` names one of them by type and
+    index. ConfigError naming the field otherwise."""
+    def bad(why):
+        return ConfigError(f"TF_CONFIG: {why} (see README, 'Training beyond one machine')")
+
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    except ValueError as error:
+        raise bad(f"not JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise bad(f"a JSON {type(config).__name__}, not an object")
+    cluster, task = config.get("cluster", {}), config.get("task")
+    if not isinstance(cluster, dict) or not all(
+            isinstance(hosts, list) and all(isinstance(h, str) for h in hosts)
+            for hosts in cluster.values()):
+        raise bad(f'"cluster" must map job names to lists of "host:port", got {cluster!r}')
+    if cluster and task is not None:
+        if not isinstance(task, dict) or task.get("type") not in cluster:
+            raise bad(f'"task" must name a job of the cluster ({sorted(cluster)}) as '
+                      f'"type", got {task!r}')
+        index = task.get("index", 0)
+        if isinstance(index, bool) or not isinstance(index, int) or not (
+                0 <= index < len(cluster[task["type"]])):
+            raise bad(f'"task" index {index!r} is not one of the {len(cluster[task["type"]])} '
+                      f'{task["type"]} addresses')
+    return config
 
 
 def make_strategy(name: str) -> tf.distribute.Strategy:
@@ -62,12 +88,16 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
     auto: MultiWorkerMirroredStrategy when TF_CONFIG names several workers, else
     MirroredStrategy over the local GPUs, or over the logical CPU devices without GPUs.
     """
+    workers = _cluster_workers()
     if name == "auto":
-        name = "multi_worker" if _cluster_workers() > 1 else "mirrored"
+        name = "multi_worker" if workers > 1 else "mirrored"
     if name == "multi_worker":
         return tf.distribute.MultiWorkerMirroredStrategy()
     if name == "tpu":
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        except ValueError as error:  # no TPU named or found
+            raise ConfigError(f"train.strategy=tpu: no TPU found ({error})") from None
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)

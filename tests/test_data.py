@@ -140,6 +140,9 @@ def test_tfds_translation_dataset_with_mock_data():
         with pytest.raises(ConfigError, match=r"target_lang='de' is not a language .*\['en', 'pt'\]"):
             load_pairs(DataConfig(dataset=config.dataset, source_lang="pt", target_lang="de"),
                        "validation")
+    with pytest.raises(ConfigError, match=r"^data.dataset='nope_dataset': Dataset nope_dataset "
+                                          r"not found"):
+        load_pairs(DataConfig(dataset="nope_dataset"), "train")
 
 
 @pytest.mark.parametrize("name", ["wmt14_en_de_base", "wmt14_en_de_big"])
@@ -176,6 +179,9 @@ def test_multi30k_builder_from_local_folder(multi30k_dir, tmp_path, monkeypatch)
                         target_lang="en")
     config.tfds_data_dir = str(tmp_path / "tfds")
     _check_multi30k_build(config, multi30k_dir)
+    with pytest.raises(ConfigError, match=r"^split 'nope' of data.dataset='multi30k': Unknown "
+                                          r"split 'nope'"):
+        load_pairs(config, "nope")
 
 
 def test_multi30k_builder_downloads_from_its_url(multi30k_dir, tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """Training and evaluation under MirroredStrategy on 2 logical CPUs equal single-device ones."""
 
+import re
 import types
 
 import keras
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 from keras_transformer import MaskedLabelSmoothedCrossEntropy, ModelConfig, Transformer
 from keras_transformer import callbacks, compat
+from keras_transformer.config import ConfigError
 from keras_transformer.losses import TargetTokens
 from keras_transformer.training import build_compiled_state, make_strategy
 
@@ -178,3 +180,24 @@ def test_step_summaries_count_the_tokens_of_every_replica(tmp_path, monkeypatch)
         (1, 21.0)]
     [(step, loss)] = steps["step_loss"]
     assert step == 1 and float(loss) == pytest.approx(history.history["loss"][0], rel=1e-6)
+
+
+@pytest.mark.parametrize("tf_config, message", [
+    ("{cluster", "TF_CONFIG: not JSON"),
+    ("[1]", "TF_CONFIG: a JSON list, not an object"),
+    ('{"cluster": "x"}', '"cluster" must map job names to lists of "host:port"'),
+    ('{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "chief", "index": 0}}',
+     '"task" must name a job of the cluster'),
+    ('{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 2}}',
+     '"task" index 2 is not one of the 2 worker addresses'),
+])
+def test_a_malformed_tf_config_is_a_config_error_naming_the_field(monkeypatch, tf_config,
+                                                                  message):
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make_strategy("auto")
+
+
+def test_the_tpu_strategy_without_a_tpu_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"train.strategy=tpu: no TPU found"):
+        make_strategy("tpu")
