@@ -55,14 +55,14 @@ def _info(args) -> int:
 
     if args.model:
         return _model_info(args.model)
+    presets = [ModelConfig.from_preset(name) for name in args.preset or preset_names()]
     print(f"keras-transformer {keras_transformer.__version__}")
     print(f"tensorflow {tf.__version__}, tensorflow-text {tensorflow_text.__version__}, "
           f"keras {keras.__version__}")
     for device in tf.config.list_physical_devices():
         print(f"device {device.device_type}: {device.name}")
     print(f"train.precision auto: {resolve_precision('auto')}")
-    for name in args.preset or preset_names():
-        config = ModelConfig.from_preset(name)
+    for name, config in zip(args.preset or preset_names(), presets):
         print(f"preset {name}: {config.num_layers} layers, d_model {config.d_model}, "
               f"dff {config.dff}, {config.num_heads} heads, share_embeddings "
               f"{config.share_embeddings}, vocab {config.source_vocab_size}/"

@@ -154,7 +154,12 @@ class Run:
         if self._config is None:
             if not self.config_path.is_file():
                 raise ConfigError(f"{self.path} is not a training run ({CONFIG_FILE} not found)")
-            self._config = ExperimentConfig.from_yaml(self.config_path)
+            try:
+                self._config = ExperimentConfig.from_yaml(self.config_path)
+            except ConfigError as error:
+                if str(error).startswith(str(self.config_path)):
+                    raise
+                raise ConfigError(f"{self.config_path}: {error}") from None
         return self._config
 
     def save_config(self, config: ExperimentConfig) -> None:
@@ -182,6 +187,8 @@ class Run:
                 path = self.weights_file("last")
         if not path.exists():
             raise ConfigError(f"no weights at {path}")
+        if path.is_dir():
+            raise ConfigError(f"{path} is a folder, not a weights file")
         return path
 
     def load_model(self, weights: str = "best") -> Transformer:

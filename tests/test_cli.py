@@ -43,10 +43,11 @@ def test_console_script_is_installed_and_points_to_main():
 
 
 def test_unknown_preset_is_a_one_line_error(capsys):
-    assert cli.main(["info", "--preset", "huge"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("keras-transformer info: error: unknown model preset 'huge'")
-    assert len(err.splitlines()) == 1
+    assert cli.main(["info", "--preset", "base", "--preset", "huge"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # nothing printed before the error
+    assert err.strip().startswith("keras-transformer info: error: unknown model preset 'huge'")
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_build_vocab_then_data_stats(tmp_path, multi30k_dir, capsys):

@@ -188,6 +188,16 @@ def test_a_run_config_edited_after_training_is_refused_in_one_line(run_with_two_
                                 f"{old}, but {run.config_path} has model.{field}={new}")
 
 
+def test_a_run_config_with_an_unknown_key_or_a_folder_for_weights_is_named(run_with_two_epochs):
+    run, _ = run_with_two_epochs
+    run.config_path.write_text(run.config_path.read_text().replace("train:\n",
+                                                                   "train:\n  epoch: 3\n"))
+    with pytest.raises(ConfigError, match=rf"^{run.config_path}: unknown config key 'train.epoch'"):
+        Run(run.path).config
+    with pytest.raises(ConfigError, match=rf"^{run.checkpoint_dir} is a folder, not a weights"):
+        run.weights_path(str(run.checkpoint_dir))
+
+
 # ----------------------------------------------------------------------------- resume
 
 def test_restore_loads_weights_optimizer_state_and_dropout_seeds(run_with_two_epochs):
