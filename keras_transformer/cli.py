@@ -63,10 +63,16 @@ def _info(args) -> int:
         print(f"device {device.device_type}: {device.name}")
     print(f"train.precision auto: {resolve_precision('auto')}")
     for name, config in zip(args.preset or preset_names(), presets):
+        try:
+            parameters = count_parameters(config)
+        except (MemoryError, tf.errors.ResourceExhaustedError):
+            raise ConfigError(f"preset {name}: too large to build in this machine's memory "
+                              f"(d_model {config.d_model}, dff {config.dff}, "
+                              f"{config.num_layers} layers)") from None
         print(f"preset {name}: {config.num_layers} layers, d_model {config.d_model}, "
               f"dff {config.dff}, {config.num_heads} heads, share_embeddings "
               f"{config.share_embeddings}, vocab {config.source_vocab_size}/"
-              f"{config.target_vocab_size}: {count_parameters(config):,} parameters")
+              f"{config.target_vocab_size}: {parameters:,} parameters")
     return 0
 
 

@@ -50,6 +50,15 @@ def test_unknown_preset_is_a_one_line_error(capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_a_preset_too_large_for_memory_is_a_one_line_error(tmp_path, capsys):
+    preset = tmp_path / "huge.yaml"
+    preset.write_text("d_model: 100000000\ndff: 100000000\nnum_heads: 8\n")
+    assert cli.main(["info", "--preset", str(preset)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"keras-transformer info: error: preset {preset}: too large to build in this "
+                   "machine's memory (d_model 100000000, dff 100000000, 4 layers)")
+
+
 def test_build_vocab_then_data_stats(tmp_path, multi30k_dir, capsys):
     """The two data subcommands on a small local corpus: vocabulary files, then a report."""
     import gzip
