@@ -457,7 +457,7 @@ def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
     with pytest.raises(SystemExit), redirect_stderr(io.StringIO()) as err:
         cli.main(["tune-search", "--run", str(random_run), "--source", str(source),
                   "--reference", str(reference), "--alpha", "0.6,-1"])
-    assert "every alpha must be >= 0" in err.getvalue()
+    assert "every alpha must be a finite number >= 0" in err.getvalue()
     with pytest.raises(SystemExit), redirect_stderr(io.StringIO()) as err:
         cli.main(["tune-search", "--run", str(random_run), "--source", str(source),
                   "--reference", str(reference), "--stopping", "exact,early"])
@@ -500,7 +500,7 @@ def test_cli_tune_search_compares_stopping_rules(varied_run_dir, tmp_path):
     with pytest.raises(SystemExit), redirect_stderr(io.StringIO()) as err:
         cli.main(["tune-search", "--run", str(varied_run_dir), "--source", str(source),
                   "--reference", str(reference), "--patience", "2,0.5"])
-    assert "every patience must be >= 1" in err.getvalue()
+    assert "every patience must be a finite number >= 1" in err.getvalue()
 
 
 # Last in this file: training seeds TensorFlow (`keras.utils.set_random_seed`), which destroys the
