@@ -314,18 +314,23 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     is saved as `output_dir/config.yaml`. `verbose` is `model.fit`'s: 1 a progress bar, 2 one
     line per epoch.
     """
+    created = not os.path.exists(output_dir)
     run = Run.create(config, output_dir, overwrite=overwrite)
     finished = run.finished(config)
     if finished:
         logger.info(finished)
         print(f"keras-transformer train: {finished}", flush=True)
         return None
-    keras.utils.set_random_seed(config.train.seed)
-    strategy = make_strategy(config.train.strategy)
-    replicas = strategy.num_replicas_in_sync
-    check_shared_vocabulary(config, worker_shard(strategy)[1])
-
-    source_tokenizer, target_tokenizer = prepare_tokenizers(config, run)
+    try:
+        keras.utils.set_random_seed(config.train.seed)
+        strategy = make_strategy(config.train.strategy)
+        replicas = strategy.num_replicas_in_sync
+        check_shared_vocabulary(config, worker_shard(strategy)[1])
+        source_tokenizer, target_tokenizer = prepare_tokenizers(config, run)
+    except BaseException:
+        if created and not any(run.path.iterdir()):  # a failed start leaves no empty folder
+            run.path.rmdir()
+        raise
     config = with_vocab_sizes(config, source_tokenizer, target_tokenizer)
     run.save_config(config)
     run.remove_partial_files()

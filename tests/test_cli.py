@@ -289,6 +289,7 @@ def fake_run(tiny_experiment, tmp_path):
      "exp.yaml, line 3: invalid YAML (key 'train' given twice)"),
     ("name: x\ntrain:\n  epochs: 2\n  epochs: 3\n", None,
      "exp.yaml, line 4: invalid YAML (key 'epochs' given twice)"),
+    ("name: x\n", "train.strategy=tpu", "train.strategy=tpu: no TPU found"),  # after mkdir
 ])
 def test_config_mistakes_are_one_line_errors(tmp_path, capsys, text, override, message):
     config = tmp_path / "exp.yaml"
