@@ -33,7 +33,7 @@ import warnings
 
 from keras_transformer import __version__
 from keras_transformer.config import STOPPING_CHOICES, ConfigError
-from keras_transformer.text_io import DataError
+from keras_transformer.text_io import DataError, first_line
 
 # Errors that are the user's to fix: printed as one line, exit code 2. OSError holds
 # FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError and a SavedModel whose
@@ -185,7 +185,6 @@ def _translate_function(args):
         if args.weights is not None:
             raise ConfigError(f"--weights {args.weights}: an export holds the weights it was "
                               "made from; --weights is for --run")
-
         module = load_any(args.model)
         if args.beam is not None and not args.greedy:
             exported = int(module.translate_nbest(_strings(["."]))["scores"].shape[1])
@@ -590,14 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as error:
         if args.verbose:
             raise
-        print(f"keras-transformer {args.command}: error: {_first_line(error)}", file=sys.stderr)
+        print(f"keras-transformer {args.command}: error: {first_line(error)}", file=sys.stderr)
         return 2
-
-
-def _first_line(error: BaseException) -> str:
-    """The first non-empty line of an error's message (TensorFlow's run on for pages)."""
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
 
 
 if __name__ == "__main__":

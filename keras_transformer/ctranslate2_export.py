@@ -52,6 +52,7 @@ from keras_transformer.config import ConfigError, DecodeConfig
 from keras_transformer.decoding import NEG_INF, finished_to_stop
 from keras_transformer.layers.residual import LAYER_NORM_EPSILON
 from keras_transformer.model import Transformer
+from keras_transformer.text_io import first_line
 from keras_transformer.tokenizers import (
     END_ID,
     PAD_ID,
@@ -347,7 +348,7 @@ class CTranslate2Translator:
         except (ValueError, KeyError, TypeError, AttributeError, RuntimeError, OSError) as error:
             detail = f"no {error} in {SETTINGS_FILE}" if isinstance(error, KeyError) else error
             raise ConfigError(f"{self.model_dir}: damaged CTranslate2 export "
-                              f"({_first_line(detail)})") from error
+                              f"({first_line(detail)})") from error
 
     def translate_greedy(self, batch) -> dict:
         """Greedy decoding: `{"translation": bytes [batch], "score": float32 [batch]}` with
@@ -554,7 +555,3 @@ def _strings(batch) -> list[bytes]:
     if hasattr(batch, "numpy"):
         batch = batch.numpy()
     return [s.encode("utf-8") if isinstance(s, str) else bytes(s) for s in list(batch)]
-
-
-def _first_line(message) -> str:
-    return next((line for line in str(message).splitlines() if line.strip()), "")

@@ -37,7 +37,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_transformer.config import ConfigError, DataConfig
-from keras_transformer.text_io import DataError, read_parallel_lines  # noqa: F401  (DataError: re-exported)
+from keras_transformer.text_io import (  # noqa: F401  (DataError: re-exported)
+    DataError, first_line, read_parallel_lines)
 from keras_transformer.tokenizers import (UNK_ID, Tokenizer, build_tokenizers,
                                           load_tokenizers, normalize_whitespace)
 
@@ -144,12 +145,12 @@ def _tfds_errors(data_config: DataConfig, split: str):
         yield
     except tfds.core.DatasetNotFoundError as error:
         raise ConfigError(f"data.dataset={data_config.dataset!r}: "
-                          f"{str(error).splitlines()[0]}") from None
+                          f"{first_line(error)}") from None
     except ValueError as error:
         if not str(error).startswith("Unknown split"):
             raise
         raise ConfigError(f"split {split!r} of data.dataset={data_config.dataset!r}: "
-                          f"{str(error).splitlines()[0]}") from None
+                          f"{first_line(error)}") from None
 
 
 def _select_languages(examples: tf.data.Dataset, data_config: DataConfig, name: str):

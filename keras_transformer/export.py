@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from keras_transformer.config import ConfigError
 from keras_transformer.runs import Run, check_writable_folder
+from keras_transformer.text_io import first_line
 from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, Translator,
                                           translator_from_run)
 
@@ -250,9 +251,8 @@ def load_translator(export_dir: str | os.PathLike):
     try:
         module = tf.saved_model.load(str(export_dir))
     except (tf.errors.OpError, OSError, ValueError, KeyError, IndexError, RuntimeError) as error:
-        lines = [line for line in str(error).splitlines() if line.strip()]
         raise ConfigError(f"{export_dir}: the SavedModel does not load, damaged? "
-                          f"({type(error).__name__}: {lines[0] if lines else ''})") from error
+                          f"({type(error).__name__}: {first_line(error)})") from error
     missing = [name for name in SIGNATURES[1:] if not hasattr(module, name)]  # the functions
     if missing:
         raise ConfigError(f"{export_dir}: a SavedModel without {', '.join(missing)}: not an "

@@ -39,6 +39,7 @@ import h5py
 from keras_transformer import data as data_lib
 from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig
 from keras_transformer.model import Transformer
+from keras_transformer.text_io import first_line
 from keras_transformer.tokenizers import META_FILE, Tokenizer, build_tokenizers, load_tokenizers
 
 logger = logging.getLogger(__name__)
@@ -428,13 +429,13 @@ def load_weights(model: Transformer, path: str | os.PathLike, config: ModelConfi
             trained = f.attrs.get(MODEL_CONFIG_ATTR)
             states = f.attrs.get(RANDOM_STATES_ATTR)
     except (OSError, RuntimeError) as error:  # h5py: RuntimeError for damaged metadata
-        raise DamagedWeightsError(f"{path} is damaged ({_first_line(error)})") from None
+        raise DamagedWeightsError(f"{path} is damaged ({first_line(error)})") from None
     if trained is not None:
         try:
             trained = json.loads(trained)
         except ValueError as error:
             raise DamagedWeightsError(f"{path} is damaged (its model config attribute: "
-                                      f"{_first_line(error)})") from None
+                                      f"{first_line(error)})") from None
         for field in dataclasses.fields(ModelConfig):
             name = field.name
             if name != "dropout" and name in trained and trained[name] != getattr(config, name):
@@ -443,10 +444,10 @@ def load_weights(model: Transformer, path: str | os.PathLike, config: ModelConfi
     try:
         model.load_weights(path)
     except (OSError, KeyError, RuntimeError) as error:
-        raise DamagedWeightsError(f"{path} is damaged ({_first_line(error)})") from None
+        raise DamagedWeightsError(f"{path} is damaged ({first_line(error)})") from None
     except ValueError as error:
         raise ConfigError(f"{path} does not fit the model of {where} "
-                          f"({_first_line(error)})") from None
+                          f"({first_line(error)})") from None
     if states is not None:
         saved, variables = json.loads(states), random_states(model)
         if len(saved) == len(variables):
@@ -461,10 +462,6 @@ def random_states(model: Transformer) -> list:
     known |= {id(v) for metric in model.metrics for v in metric.variables}
     return [v for v in model.variables if id(v) not in known]
 
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def vocab_dir(config: ExperimentConfig, run_path: str | os.PathLike) -> Path:

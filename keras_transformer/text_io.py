@@ -32,6 +32,13 @@ class DataError(ValueError):
 _GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
 
 
+def first_line(message: object) -> str:
+    """The first non-empty line of a message or an error's (library errors run on for pages);
+    an error without a message gives its type's name."""
+    line = next((line for line in str(message).splitlines() if line.strip()), "")
+    return line or (type(message).__name__ if isinstance(message, BaseException) else "")
+
+
 def _damaged(path, error: Exception) -> DataError:
     return DataError(f"{path}: damaged gzip file ({error})")
 
