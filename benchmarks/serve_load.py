@@ -280,10 +280,17 @@ def main(argv=None) -> int:
 
     if args.intra_op:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra_op)
-    model_dir = export_run_to_temp(args.run) if args.run else Path(args.model)
-    sentences = read_test_sentences(args.data_dir, args.source_lang)
-    requests = make_requests(sentences, args.requests, max_batch=args.max_batch, seed=args.seed)
-    loaded, signatures = load_signatures(model_dir)
+    from keras_transformer.config import ConfigError
+    from keras_transformer.text_io import first_line
+
+    try:
+        model_dir = export_run_to_temp(args.run) if args.run else Path(args.model)
+        sentences = read_test_sentences(args.data_dir, args.source_lang)
+        requests = make_requests(sentences, args.requests, max_batch=args.max_batch,
+                                 seed=args.seed)
+        loaded, signatures = load_signatures(model_dir)
+    except (ConfigError, OSError) as error:  # a missing or damaged model or run
+        raise SystemExit(f"serve_load.py: {first_line(error)}") from None
     print(f"serve_load: {model_dir}, {len(requests)} requests of "
           f"{sum(map(len, requests))} sentences, signatures {', '.join(SIGNATURE_NAMES)}",
           flush=True)

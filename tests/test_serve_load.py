@@ -65,3 +65,11 @@ def test_errors_wrong_answers_and_memory_growth_fail(serve_load):
     insane = {("a", 0): answer([b"Hello", b"Hallucinated"], [-1.5, -2.0]),
               ("a", 1): answer([b"\xff"], [float("nan")])}
     assert len(serve_load.insane_answers(requests, insane)) == 3
+
+
+def test_a_model_folder_that_is_no_export_is_one_line(serve_load, multi30k_dir, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        serve_load.main(["--model", str(tmp_path), "--data-dir", str(multi30k_dir)])
+    assert str(exit_info.value.code) == (f"serve_load.py: {tmp_path} is not a SavedModel (no "
+                                         "saved_model.pb): pass a version folder such as "
+                                         "saved_models/NAME/1")
