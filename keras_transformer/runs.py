@@ -463,7 +463,6 @@ def random_states(model: Transformer) -> list:
     return [v for v in model.variables if id(v) not in known]
 
 
-
 def vocab_dir(config: ExperimentConfig, run_path: str | os.PathLike) -> Path:
     """Where a run's vocabulary lives: `data.vocab_dir`, else `vocab/` in the run folder."""
     return Path(config.data.vocab_dir or Path(run_path) / "vocab")
