@@ -13,8 +13,7 @@
     keras-transformer tune-search --run runs/NAME --source VAL --reference VAL --beam 4,5 --alpha 0.6,1
 
 TensorFlow is imported only when a subcommand runs (so `--help` and `--version` answer at once),
-and its start-up logging, and the INFO line SentencePiece's C++ code prints when a model loads,
-are silenced unless `--verbose` is given. A user's mistake (a missing
+and its start-up logging is silenced unless `--verbose` is given. A user's mistake (a missing
 file, a bad config value, bad data) is one line on stderr and exit code 2; a traceback means a
 bug, and `--verbose` shows the traceback of every error.
 
@@ -26,13 +25,10 @@ empty or not, gives exactly one output line.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import math
 import os
-import re
 import sys
-import tempfile
 import warnings
 
 from keras_transformer import __version__
@@ -44,10 +40,6 @@ from keras_transformer.text_io import DataError, first_line
 # saved_model.pb does not parse.
 USER_ERRORS = (ConfigError, DataError, OSError)
 MAX_WARNINGS = 10  # invalid UTF-8 lines listed one by one on stderr, then counted
-# What SentencePiece's C++ code writes on stderr when tf-text loads a model (e.g.
-# "normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty. use identity normalization.");
-# its log level is the library's own, which no Python setting reaches.
-_NATIVE_INFO_LINE = re.compile(rb"[\w/.-]+\.cc\(\d+\) LOG\(INFO\) ")
 
 
 def _info(args) -> int:
@@ -63,14 +55,15 @@ def _info(args) -> int:
 
     if args.model:
         return _model_info(args.model)
-    presets = [ModelConfig.from_preset(name) for name in args.preset or preset_names()]
+    names = args.preset or preset_names()
+    presets = [ModelConfig.from_preset(name) for name in names]  # checked before any output
     print(f"keras-transformer {keras_transformer.__version__}")
     print(f"tensorflow {tf.__version__}, tensorflow-text {tensorflow_text.__version__}, "
           f"keras {keras.__version__}")
     for device in tf.config.list_physical_devices():
         print(f"device {device.device_type}: {device.name}")
     print(f"train.precision auto: {resolve_precision('auto')}")
-    for name, config in zip(args.preset or preset_names(), presets):
+    for name, config in zip(names, presets):
         try:
             parameters = count_parameters(config)
         except (MemoryError, tf.errors.ResourceExhaustedError):
@@ -109,8 +102,7 @@ def _build_vocab(args) -> int:
     if os.path.exists(os.path.join(args.output, META_FILE)):
         raise ConfigError(f"--output {args.output} already holds a vocabulary (a run's weights "
                           "fit only their own): choose another folder, or delete it first")
-    with _without_native_info(args):
-        source, target = build_vocab(config.data, args.output)
+    source, target = build_vocab(config.data, args.output)
     print(f"wrote {config.data.tokenizer} vocabulary to {args.output}: source "
           f"{source.vocab_size}, target {target.vocab_size} tokens")
     return 0
@@ -119,9 +111,7 @@ def _build_vocab(args) -> int:
 def _data_stats(args) -> int:
     from keras_transformer.data import data_stats
 
-    with _without_native_info(args):
-        stats = data_stats(_load_config(args).data, args.vocab)
-    print(format_data_stats(stats))
+    print(format_data_stats(data_stats(_load_config(args).data, args.vocab)))
     return 0
 
 
@@ -175,10 +165,9 @@ def _average(args) -> int:
 def _export(args) -> int:
     from keras_transformer.export import export_run
 
-    with _without_native_info(args):
-        path = export_run(args.run_dir, args.output, version=args.version, weights=args.weights,
-                          beam_size=args.beam, alpha=args.alpha, jit_compile=args.xla,
-                          format=args.format, quantization=args.quantization)
+    path = export_run(args.run_dir, args.output, version=args.version, weights=args.weights,
+                      beam_size=args.beam, alpha=args.alpha, jit_compile=args.xla,
+                      format=args.format, quantization=args.quantization)
     print(f"exported {args.run_dir} to {path}")
     return 0
 
@@ -189,17 +178,15 @@ def _translate_function(args):
     if args.run_dir:
         from keras_transformer.translator import translator_from_run
 
-        with _without_native_info(args):
-            module = translator_from_run(args.run_dir, weights=args.weights or "best",
-                                         beam_size=args.beam)
+        module = translator_from_run(args.run_dir, weights=args.weights or "best",
+                                     beam_size=args.beam)
     else:
         from keras_transformer.export import load_any
 
         if args.weights is not None:
             raise ConfigError(f"--weights {args.weights}: an export holds the weights it was "
                               "made from; --weights is for --run")
-        with _without_native_info(args):
-            module = load_any(args.model)
+        module = load_any(args.model)
         if args.beam is not None and not args.greedy:
             exported = int(module.translate_nbest(_strings(["."]))["scores"].shape[1])
             if args.beam != exported:
@@ -332,8 +319,7 @@ def _tune_search(args) -> int:
     if args.patience is not None and args.stopping == ["exact"]:
         raise ConfigError("--patience is for the beam_full rule; --stopping exact has none")
     sources, references = _read_aligned(args.source, args.reference, args.command)
-    with _without_native_info(args):
-        translator = translator_from_run(args.run_dir, weights=args.weights)
+    translator = translator_from_run(args.run_dir, weights=args.weights)
     tuned = tune_search(translator, sources, references, args.beam, args.alpha,
                         batch_size=args.batch_size, workers=args.workers,
                         stoppings=args.stopping, patiences=args.patience)
@@ -591,31 +577,6 @@ def quiet_tensorflow() -> None:
     logging.getLogger("absl").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module=r"(keras|tensorflow)")
-
-
-@contextlib.contextmanager
-def _without_native_info(args):
-    """Runs a block that loads tokenizers with the process's stderr (file descriptor 2) written
-    to a file, then writes that back without the INFO lines of native code (`_NATIVE_INFO_LINE`)
-    unless --verbose. Whatever else the block writes on stderr appears when it ends."""
-    if args.verbose:
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            kept = [line for line in captured.read().splitlines(keepends=True)
-                    if not _NATIVE_INFO_LINE.match(line)]
-            if kept:
-                os.write(2, b"".join(kept))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ import tensorflow as tf
 from keras_transformer.config import ConfigError
 from keras_transformer.runs import Run, check_writable_folder
 from keras_transformer.text_io import first_line
+from keras_transformer.tokenizers import without_sentencepiece_info
 from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, Translator,
                                           translator_from_run)
 
@@ -249,7 +250,8 @@ def load_translator(export_dir: str | os.PathLike):
         raise FileNotFoundError(f"{export_dir} is not a SavedModel (no saved_model.pb): pass a "
                                 "version folder such as saved_models/NAME/1")
     try:
-        module = tf.saved_model.load(str(export_dir))
+        with without_sentencepiece_info():
+            module = tf.saved_model.load(str(export_dir))
     except (tf.errors.OpError, OSError, ValueError, KeyError, IndexError, RuntimeError) as error:
         raise ConfigError(f"{export_dir}: the SavedModel does not load, damaged? "
                           f"({type(error).__name__}: {first_line(error)})") from error

@@ -24,9 +24,13 @@ files made with other settings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
+import sys
+import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -143,8 +147,9 @@ class SentencePieceTokenizer(Tokenizer):
         self.model_file = tf.saved_model.Asset(model_path)
         model = _read_file(model_path, "rb")
         self._check_reserved_ids(model, model_path)
-        self.tokenizer = text.SentencepieceTokenizer(model=model, out_type=tf.int32,
-                                                     nbest_size=nbest_size, alpha=alpha)
+        with without_sentencepiece_info():
+            self.tokenizer = text.SentencepieceTokenizer(model=model, out_type=tf.int32,
+                                                         nbest_size=nbest_size, alpha=alpha)
         self.samples = nbest_size not in (0, 1)
         self.vocab_size = int(self.tokenizer.vocab_size())
         super().__init__(name=name)
@@ -193,7 +198,7 @@ class WordPieceTokenizer(Tokenizer):
         vocab = _read_vocab(vocab_path)
         if vocab[:len(WORDPIECE_RESERVED)] != WORDPIECE_RESERVED:
             raise ConfigError(f"{vocab_path}: vocabulary must start with {WORDPIECE_RESERVED}, "
-                             f"found {vocab[:len(WORDPIECE_RESERVED)]}")
+                              f"found {vocab[:len(WORDPIECE_RESERVED)]}")
         self.vocab_size = len(vocab)
         self.pieces = tf.constant(vocab)  # [vocab_size] strings, for `lookup`
         self.lowercase = lowercase
@@ -224,6 +229,36 @@ class WordPieceTokenizer(Tokenizer):
         for pattern, rewrite in _NATURAL_SPACING:
             joined = tf.strings.regex_replace(joined, pattern, rewrite)
         return joined
+
+
+# What SentencePiece's C++ code writes on stderr when tf-text loads a model trained with
+# identity normalization, as `train_sentencepiece` trains them ("normalizer.cc(51) LOG(INFO)
+# precompiled_charsmap is empty. use identity normalization."); its log level is the library's
+# own, which no Python setting reaches.
+_SENTENCEPIECE_INFO = re.compile(rb"normalizer\.cc\(\d+\) LOG\(INFO\) ")
+
+
+@contextlib.contextmanager
+def without_sentencepiece_info():
+    """Runs a block that loads a SentencePiece model into tf-text (a tokenizer, a SavedModel)
+    with the process's stderr (file descriptor 2) written to a file, then writes that back
+    without SentencePiece's INFO lines. Whatever else the block writes on stderr appears when it
+    ends."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().splitlines(keepends=True)
+                    if not _SENTENCEPIECE_INFO.match(line)]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def _read_vocab(path: str | Path) -> list[str]:

@@ -1,6 +1,7 @@
 """Tokenizers: exact/normalized round trips, reserved ids, tf.function, SavedModel in a fresh process."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -238,6 +239,20 @@ def test_a_damaged_vocabulary_is_a_config_error_naming_the_file(sentencepiece_vo
     damaged = meta if damage.startswith("meta") else model
     with pytest.raises(ConfigError, match=rf"^{damaged}: "):
         load_tokenizers(config, copy)
+
+
+def test_sentencepiece_info_lines_are_dropped_and_other_stderr_kept(sentencepiece_vocab,
+                                                                   capfd):
+    from keras_transformer.tokenizers import without_sentencepiece_info
+
+    _, vocab_dir = sentencepiece_vocab
+    capfd.readouterr()
+    with without_sentencepiece_info():
+        SentencePieceTokenizer(vocab_dir / "sentencepiece.model")  # its native line, if first
+        os.write(2, b"normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty.\nkept\n")
+        print("also kept", file=sys.stderr)
+    # (pytest's capfd takes Python's writes apart from file descriptor 2's: no order between)
+    assert sorted(capfd.readouterr().err.splitlines()) == ["also kept", "kept"]
 
 
 def test_sentencepiece_lowercase_is_rejected(multi30k_config, tmp_path):
