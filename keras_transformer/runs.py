@@ -489,7 +489,7 @@ _CHECKPOINT_NAME = re.compile(r"epoch_(\d+)\.weights\.h5")
 
 
 def _epoch_of(path: Path) -> int:
-    return int(path.name.split(".")[0].split("_")[1])  # epoch_007.weights.h5 -> 7
+    return int(_CHECKPOINT_NAME.fullmatch(path.name).group(1))  # epoch_007.weights.h5 -> 7
 
 
 def _comparable(config: ExperimentConfig) -> dict:

@@ -95,11 +95,11 @@ class Translator(tf.Module):
                  jit_compile: bool = False, max_source_length: int | None = None,
                  frozen_weights: bool = False, name=None):
         super().__init__(name=name)
-        # Not tracked: the SavedModel would store every weight twice, once through the Keras
-        # variable wrappers and once as the tf.Variables below.
         if decode_config.beam_size > target_tokenizer.vocab_size:
             raise ConfigError(f"decode.beam_size={decode_config.beam_size} is larger than the "
                               f"target vocabulary ({target_tokenizer.vocab_size} tokens)")
+        # Not tracked: the SavedModel would store every weight twice, once through the Keras
+        # variable wrappers and once as the tf.Variables below.
         object.__setattr__(self, "model", model)
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
