@@ -5,10 +5,14 @@ Tokenizer objects are module-scoped, vocabularies session-scoped: `tf.random.set
 which destroys the SentencePiece resources of tokenizers loaded before it.
 
 Vocabularies are trained once per session (a 1,000-piece SentencePiece model in a few seconds,
-WordPiece on a 3,000-pair sample) and shared by every test file that asks for them.
+WordPiece on a 3,000-pair sample), also when pytest-xdist runs the files in several processes,
+and shared by every test file that asks for them.
 """
 
+import fcntl
+import gzip
 import os
+import shutil
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -62,15 +66,48 @@ def multi30k_config(multi30k_dir):
     return make
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder `name` in the session's temporary root, written by `build(folder)` once per
+    session: the first pytest-xdist worker to ask builds it under a lock, the others wait for it
+    and reuse it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the session's workers
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed part-way
+            build(folder)
+            done.touch()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def short_validation_dir(multi30k_dir, tmp_path_factory) -> Path:
+    """Multi30k with only the first 100 validation pairs (train and test are links to the real
+    files): the tiny runs validate every epoch, and 1,014 pairs took half of a short run's time."""
+    def build(folder):
+        folder.mkdir()
+        for name in MULTI30K_FILES:
+            if name.startswith("val."):
+                with gzip.open(multi30k_dir / name, "rt", encoding="utf-8") as lines:
+                    head = [next(lines) for _ in range(100)]
+                with gzip.open(folder / name, "wt", encoding="utf-8") as out:
+                    out.writelines(head)
+            else:
+                (folder / name).symlink_to(multi30k_dir / name)
+    return built_once(tmp_path_factory, "multi30k_short_validation", build)
+
+
 @pytest.fixture(scope="session")
 def sentencepiece_vocab(multi30k_config, tmp_path_factory):
     """(DataConfig, vocab_dir) of a joint de+en 1,000-piece SentencePiece model on Multi30k train."""
     from keras_transformer.data import build_vocab
 
     config = multi30k_config(tokenizer="sentencepiece")
-    vocab_dir = tmp_path_factory.mktemp("sentencepiece_vocab")
-    build_vocab(config, vocab_dir)
-    return config, vocab_dir
+    return config, built_once(tmp_path_factory, "sentencepiece_vocab",
+                              lambda folder: build_vocab(config, folder))
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +126,8 @@ def wordpiece_vocab(multi30k_config, tmp_path_factory):
     from keras_transformer.tokenizers import build_tokenizers
 
     config = multi30k_config(tokenizer="wordpiece")
-    vocab_dir = tmp_path_factory.mktemp("wordpiece_vocab")
-    build_tokenizers(config, load_pairs(config, "train").take(3000), vocab_dir)
-    return config, vocab_dir
+    return config, built_once(tmp_path_factory, "wordpiece_vocab", lambda folder: build_tokenizers(
+        config, load_pairs(config, "train").take(3000), folder))
 
 
 @pytest.fixture(scope="module")
@@ -124,9 +160,10 @@ def random_translation_model(sentencepiece_tokenizers):
 
 
 @pytest.fixture(scope="session")
-def tiny_experiment(sentencepiece_vocab):
-    """Returns an ExperimentConfig of the tiny preset on Multi30k (the 1,000-piece joint
-    vocabulary above, all embeddings shared) for short runs; keyword arguments override `train`."""
+def tiny_experiment(sentencepiece_vocab, short_validation_dir):
+    """Returns an ExperimentConfig of the tiny preset on Multi30k with 100 validation pairs (the
+    1,000-piece joint vocabulary above, all embeddings shared) for short runs; keyword arguments
+    override `train`."""
     import dataclasses
 
     from keras_transformer.config import ExperimentConfig, ModelConfig, TrainConfig
@@ -140,7 +177,8 @@ def tiny_experiment(sentencepiece_vocab):
         return ExperimentConfig(
             name="tiny",
             model=ModelConfig.from_preset("tiny", share_embeddings="all"),
-            data=dataclasses.replace(data_config, vocab_dir=str(vocab_dir)),
+            data=dataclasses.replace(data_config, data_dir=str(short_validation_dir),
+                                     vocab_dir=str(vocab_dir)),
             train=TrainConfig(**values))
     return make
 
