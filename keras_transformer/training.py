@@ -195,14 +195,14 @@ def build_model(config: ExperimentConfig) -> Transformer:
 
 
 def build_compiled_state(model: Transformer, batches: tf.data.Dataset) -> None:
-    """Builds the compiled loss, metrics and optimizer on one real batch, before `fit`, so that
-    `fit` has nothing left to build from its first distributed batch."""
+    """Builds the compiled loss and metrics on one real batch, before `fit`, so that `fit` has
+    nothing left to build from its first distributed batch (`Transformer.compile` built the
+    model and the optimizer)."""
     inputs, target_out = next(iter(batches.take(1)))
     logits = model(inputs)
     model.compute_loss(inputs, target_out, logits)
     model.compute_metrics(inputs, target_out, logits, sample_weight=None)
     model.reset_metrics()
-    model.optimizer.build(model.trainable_variables)
 
 
 # ----------------------------------------------------------------------------- training input

@@ -145,6 +145,26 @@ def test_keras_save_and_load(tmp_path):
     np.testing.assert_array_equal(loaded(batch).numpy(), logits)
 
 
+def test_compile_builds_the_model_and_the_optimizer(tmp_path):
+    """After `compile` the optimizer's slots exist, so the first `fit` traces a step that creates
+    no variable, and a saved compiled model loads with its optimizer state."""
+    from keras_transformer import MaskedLabelSmoothedCrossEntropy
+
+    model = Transformer(tiny())
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=MaskedLabelSmoothedCrossEntropy())
+    assert model.built and model.optimizer.built
+    slots = [v.path for v in model.optimizer.variables]
+    assert len(slots) > 2 * len(model.trainable_variables)  # Adam's two moments each
+    source, target = random_batch()
+    model.fit((source, target[:, :-1]), target[:, 1:], epochs=1, verbose=0)
+    assert [v.path for v in model.optimizer.variables] == slots
+    assert int(model.optimizer.iterations.numpy()) == 1
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    for got, want in zip(loaded.optimizer.variables, model.optimizer.variables):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
 @pytest.mark.parametrize("growing", [False, True])
 def test_cached_decode_steps_equal_teacher_forcing(model, growing):
     source, target = random_batch(seed=3)

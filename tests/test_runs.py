@@ -28,7 +28,6 @@ def compiled_model(config: ExperimentConfig, seed: int = 0) -> Transformer:
     from keras_transformer.training import build_model
 
     model = build_model(config)
-    model.optimizer.build(model.trainable_variables)
     rng = np.random.default_rng(seed)
     model.set_weights([rng.normal(size=w.shape).astype(w.dtype) for w in model.get_weights()])
     return model
