@@ -280,10 +280,15 @@ class TrainingInput:
 
     def batches(self, initial_epoch: int, steps: int):
         """What `fit` reads when it starts at `initial_epoch` with `steps` steps an epoch: a
-        dataset, or with several workers a distributed dataset."""
+        dataset, or with several workers a distributed dataset, of the run's remaining steps.
+
+        Not endless: an iterator destroyed with an element in production waits for it, and
+        `fit`'s iterators are destroyed when it returns or later, whenever the garbage
+        collector finds them."""
         start = initial_epoch * steps * self.batches_per_step
+        count = (self.config.train.epochs - initial_epoch) * steps * self.batches_per_step
         if not self.per_worker:
-            return self.stream.batches(start)
+            return self.stream.batches(start).take(count)
 
         def dataset_fn(context: tf.distribute.InputContext):
             if (context.input_pipeline_id, context.num_input_pipelines) != (self.worker,
@@ -292,7 +297,7 @@ class TrainingInput:
                     f"tf.distribute calls this worker input pipeline {context.input_pipeline_id}"
                     f" of {context.num_input_pipelines}, but TF_CONFIG makes it worker "
                     f"{self.worker} of {self.workers}")
-            return self.stream.batches(start)
+            return self.stream.batches(start).take(count)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -344,6 +349,7 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     # Validation reads a repeated stream, one pass per evaluation, so that Keras keeps a single
     # iterator for the run: a new distributed iterator at every evaluation sometimes sat idle
     # for about 60 s under MirroredStrategy on CPU (a third of the epochs of a Multi30k run).
+    # It ends with the last evaluation, for the reason `TrainingInput.batches` gives.
     validation_steps = data_lib.batch_stats(validation_batches).batches
     if not validation_steps:
         raise ConfigError(
@@ -370,7 +376,7 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
                 source_tokenizer, target_tokenizer, config, run.logs_dir / "validation")
         return model.fit(
             training_input.batches(initial_epoch, steps),
-            validation_data=validation_batches.repeat(),
+            validation_data=validation_batches.repeat(config.train.epochs - initial_epoch),
             validation_steps=validation_steps,
             initial_epoch=initial_epoch,
             epochs=config.train.epochs,

@@ -115,6 +115,15 @@ def test_average_is_the_elementwise_mean(mirrored_run):
         Run(run_dir).average(2, upper_bound=1)
 
 
+def test_the_training_stream_ends_with_the_run(tiny_experiment):
+    """What `fit` reads holds exactly the run's remaining steps, so that no element is in
+    production when `fit` returns: destroying an iterator waits for that element."""
+    config = tiny_experiment(epochs=3, steps_per_epoch=2, strategy="one_device")
+    tokenizers = load_tokenizers(config.data, config.data.vocab_dir)
+    stream = training.TrainingInput(config, tf.distribute.OneDeviceStrategy("/cpu:0"), *tokenizers)
+    assert sum(1 for _ in stream.batches(initial_epoch=1, steps=2).take(5)) == 2 * 2
+
+
 def test_loading_a_run_without_best_weights_falls_back_to_last(mirrored_run, tmp_path, caplog):
     """A run without validation BLEU (train.validation_bleu_sentences: 0) writes no
     best.weights.h5: loading its "best" model (the default of export, translate and evaluate)
