@@ -86,7 +86,7 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 @pytest.fixture(scope="session")
 def short_validation_dir(multi30k_dir, tmp_path_factory) -> Path:
     """Multi30k with only the first 100 validation pairs (train and test are links to the real
-    files): the tiny runs validate every epoch, and 1,014 pairs took half of a short run's time."""
+    files): the tiny runs validate every epoch, and 1,014 pairs took 4 of a short run's 8-15 s."""
     def build(folder):
         folder.mkdir()
         for name in MULTI30K_FILES:
