@@ -184,8 +184,7 @@ def build_model(config: ExperimentConfig) -> Transformer:
     Call inside `strategy.scope()` and under the run's dtype policy.
     """
     model = Transformer(config.model)
-    model.build()
-    model.compile(
+    model.compile(  # builds the model and the optimizer
         optimizer=create_optimizer(config.model, config.train),
         loss=MaskedLabelSmoothedCrossEntropy(label_smoothing=config.train.label_smoothing),
         metrics=[MaskedAccuracy(), TargetTokens()],
