@@ -52,6 +52,23 @@ SPLIT_ALIASES = {"validation": ("val", "valid", "dev"), "val": ("validation",)}
 _TOKENIZE_BATCH = 512  # pairs tokenized per call: tf-text ops are much faster on batches
 
 
+def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset` with tf.data's autotuning thread turned off (`Options.autotune.enabled`).
+
+    TensorFlow 2.21 bug: deleting an iterator that has reached the end of its dataset waits for
+    the autotuning thread's next wake-up, and the thread sleeps longer the longer the iterator
+    lived, up to 60 s. Every finite pass pays it when its iterator goes: the end of `fit`, each
+    validation pass, building a vocabulary; an iterator in a reference cycle (Keras keeps
+    `fit`'s in one) stalls whatever line the garbage collector interrupts. Without autotuning,
+    AUTOTUNE parallelism is the number of cores and prefetch buffers still grow as needed;
+    `benchmarks/tfdata_stall.py` shows the wait, and that these pipelines are no slower.
+    Every dataset this module returns is built with it; options pass on to derived datasets.
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
 # ----------------------------------------------------------------------------- local text files
 
 @dataclasses.dataclass
@@ -193,8 +210,9 @@ def load_pairs(data_config: DataConfig, split: str,
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         pairs = pairs.shard(count, index).with_options(options)
-    return pairs.map(lambda s, t: (normalize_whitespace(s), normalize_whitespace(t)),
-                     num_parallel_calls=AUTOTUNE)
+    return without_autotuning(pairs.map(
+        lambda s, t: (normalize_whitespace(s), normalize_whitespace(t)),
+        num_parallel_calls=AUTOTUNE))
 
 
 # ----------------------------------------------------------------------------- filtering, counting
@@ -372,7 +390,7 @@ def make_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
         examples = tokenize_and_filter(cache_and_shuffle(pairs))  # new segmentations each epoch
     else:
         examples = cache_and_shuffle(tokenize_and_filter(pairs))
-    return _bucketed(examples, data_config, num_replicas).prefetch(AUTOTUNE)
+    return without_autotuning(_bucketed(examples, data_config, num_replicas).prefetch(AUTOTUNE))
 
 
 def _bucketed(examples: tf.data.Dataset, data_config: DataConfig, num_replicas: int):
@@ -483,7 +501,8 @@ class TrainingStream:
         return self._passes(first_pass, 2 ** 62).skip(skip).prefetch(AUTOTUNE)
 
     def _passes(self, first: int, end: int) -> tf.data.Dataset:
-        return tf.data.Dataset.range(first, end).flat_map(self._pass)
+        # The passes are built inside flat_map, so their options do not reach the stream.
+        return without_autotuning(tf.data.Dataset.range(first, end).flat_map(self._pass))
 
 
 def fixed_size_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
@@ -492,7 +511,7 @@ def fixed_size_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
     """The tf.text tutorial's batching, for comparison: `batch_size` pairs in reading order,
     padded to the longest in the batch (same filtering as `make_batches`)."""
     examples = _filtered_examples(pairs, source_tokenizer, target_tokenizer, data_config)
-    return examples.padded_batch(batch_size).prefetch(AUTOTUNE)
+    return without_autotuning(examples.padded_batch(batch_size).prefetch(AUTOTUNE))
 
 
 @dataclasses.dataclass

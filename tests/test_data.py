@@ -18,7 +18,7 @@ from keras_transformer.config import DATA_ENV, REPO_ROOT, ConfigError, DataConfi
 from keras_transformer.data import (DataError, batch_stats, bucket_batch_sizes, bucket_lengths,
                                     check_parallel_files, fixed_size_batches, group_batches,
                                     load_pairs, make_batches, pair_stats, read_parallel_lines,
-                                    split_files, data_stats)
+                                    split_files, data_stats, TrainingStream)
 from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID, training_tokenizers
 
 tfds.display_progress_bar(False)
@@ -283,6 +283,23 @@ def test_replica_count_divides_every_batch(sentencepiece_tokenizers, multi30k_co
                                         num_replicas=3))
     assert measured.batches > 0 and all(batch % 3 == 0 for batch, _, _ in measured.shapes)
     assert measured.max_padded_tokens <= config.tokens_per_batch
+
+
+def test_every_pipeline_has_tf_data_autotuning_off(sentencepiece_tokenizers, multi30k_config):
+    """Deleting a finished iterator stalls while tf.data autotunes (`data.without_autotuning`):
+    every dataset the data module returns has it off, also when given pairs from elsewhere."""
+    config = multi30k_config()
+    outside = tf.data.Dataset.from_tensor_slices((["Ein Hund läuft."], ["A dog runs."]))
+    assert outside.options().autotune.enabled is None  # tf.data's default: on
+    pipelines = {
+        "load_pairs": load_pairs(config, "validation"),
+        "make_batches": make_batches(outside, *sentencepiece_tokenizers, config, training=True),
+        "fixed_size_batches": fixed_size_batches(outside, *sentencepiece_tokenizers, config),
+        "TrainingStream.batches": TrainingStream(outside, *sentencepiece_tokenizers, config,
+                                                 seed=1).batches(),
+    }
+    for name, dataset in pipelines.items():
+        assert dataset.options().autotune.enabled is False, name
 
 
 def test_grouped_batches_stack_batches_of_one_shape_batch_axis_first():
