@@ -1,4 +1,4 @@
-"""The tf.data iterator-deletion stall that `data.without_autotuning` avoids, on Multi30k train.
+"""The tf.data iterator-deletion stall that `compat.without_autotuning` avoids, on Multi30k train.
 
     python benchmarks/tfdata_stall.py [--data-dir DIR] [--vocab-dir DIR] [--pass-seconds 30]
 

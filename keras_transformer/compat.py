@@ -1,15 +1,17 @@
-"""Every workaround of a Keras / TensorFlow bug that needs a private API, in one place.
+"""Every workaround of a Keras / TensorFlow bug, in one place.
 
-Each workaround names the upstream report, states the Keras versions it was written and tested
-for (`TESTED_KERAS`), and checks that the private attribute it needs still exists before it
-touches it: a renamed attribute raises `CompatError` instead of making the patch silently do
-nothing. `tests/test_compat.py` checks every private attribute used here on the installed
-Keras, so an upgrade fails loudly in CI. setup.cfg bounds keras to `TESTED_KERAS`.
+Each workaround names the upstream report (or the script that shows the bug), states the Keras
+versions it was written and tested for (`TESTED_KERAS`; setup.cfg pins tensorflow 2.21), and
+checks that any private attribute it needs still exists before it touches it: a renamed
+attribute raises `CompatError` instead of making the patch silently do nothing.
+`tests/test_compat.py` checks every private attribute used here on the installed Keras and
+TensorFlow, so an upgrade fails loudly in CI. setup.cfg bounds keras to `TESTED_KERAS`.
 """
 
 from __future__ import annotations
 
 import functools
+import types
 
 import keras
 import tensorflow as tf
@@ -39,10 +41,56 @@ def check_keras_version() -> None:
 def _require(owner, attribute: str, workaround: str):
     """`getattr(owner, attribute)`, or CompatError naming the workaround that needs it."""
     if not hasattr(owner, attribute):
-        name = owner.__name__ if isinstance(owner, type) else type(owner).__name__
-        raise CompatError(f"keras {keras.__version__}: {name}.{attribute} is gone, so "
-                          f"keras_transformer.compat.{workaround} cannot work; see its docstring")
+        named = isinstance(owner, (type, types.ModuleType))
+        name = owner.__name__ if named else type(owner).__name__
+        raise CompatError(f"keras {keras.__version__}, tensorflow {tf.__version__}: "
+                          f"{name}.{attribute} is gone, so keras_transformer.compat.{workaround} "
+                          "cannot work; see its docstring")
     return getattr(owner, attribute)
+
+
+def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset` with tf.data's autotuning thread turned off (`Options.autotune.enabled`).
+
+    TensorFlow 2.21 bug: deleting an iterator whose pipeline has reached the end of its input
+    (a prefetching thread reaching it is enough) waits for the autotuning thread's next
+    wake-up, and that thread sleeps longer the longer the iterator lived, up to 60 s. Every
+    finite pass pays it when its iterator goes: the end of `fit`, each validation pass,
+    building a vocabulary; an iterator in a reference cycle (Keras keeps `fit`'s in one)
+    stalls whatever line the garbage collector interrupts. `benchmarks/tfdata_stall.py` shows
+    the wait; no upstream report was found. Without autotuning, AUTOTUNE parallelism is the
+    number of cores and prefetch buffers still grow as needed. Public API: options pass on to
+    the datasets made from `dataset`.
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
+def device_datasets_without_autotuning() -> None:
+    """Turns autotuning off (`without_autotuning`) in the per-device datasets through which
+    every distribution strategy feeds its replicas. Idempotent.
+
+    tf.distribute's `MultiDeviceIterator` builds each device's `prefetch(1)` over the
+    multi-device buffer (`multi_device_iterator_ops._create_device_dataset`) with default
+    options, so each runs an autotuning thread although it has nothing to tune, and reaches
+    the end of its input whenever `fit`'s stream ends: the stall of `without_autotuning` again,
+    out of reach of the options of the dataset given to `fit`. No public option gets there
+    (`tf.distribute.InputOptions` sets only the buffer sizes).
+    """
+    from tensorflow.python.data.ops import multi_device_iterator_ops
+
+    create = _require(multi_device_iterator_ops, "_create_device_dataset",
+                      "device_datasets_without_autotuning")
+    if getattr(create, "without_autotuning", False):
+        return
+
+    @functools.wraps(create)
+    def create_without_autotuning(*args, **kwargs):
+        return without_autotuning(create(*args, **kwargs))
+
+    create_without_autotuning.without_autotuning = True
+    multi_device_iterator_ops._create_device_dataset = create_without_autotuning
 
 
 def skip_symbolic_build(model: keras.Model) -> None:

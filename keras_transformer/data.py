@@ -19,6 +19,9 @@ Policies (nothing is lost silently: `pair_stats` counts every pair as kept or dr
   line numbers are logged when the files are checked;
 - a pair whose source or target, in tokens including START and END, is longer than
   `max_pair_length` is dropped (reason "too_long"), never truncated (truncating would lose END).
+
+Every dataset returned here runs without tf.data autotuning (`compat.without_autotuning`: a
+TensorFlow 2.21 bug makes deleting a finished iterator wait for the autotuning thread).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from keras_transformer.compat import without_autotuning
 from keras_transformer.config import ConfigError, DataConfig
 from keras_transformer.text_io import (  # noqa: F401  (DataError: re-exported)
     DataError, first_line, read_parallel_lines)
@@ -50,23 +54,6 @@ DROP_REASONS = {EMPTY: "empty", TOO_LONG: "too_long"}
 # Other names local files use for a split (Multi30k calls its validation split "val").
 SPLIT_ALIASES = {"validation": ("val", "valid", "dev"), "val": ("validation",)}
 _TOKENIZE_BATCH = 512  # pairs tokenized per call: tf-text ops are much faster on batches
-
-
-def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """`dataset` with tf.data's autotuning thread turned off (`Options.autotune.enabled`).
-
-    TensorFlow 2.21 bug: deleting an iterator that has reached the end of its dataset waits for
-    the autotuning thread's next wake-up, and the thread sleeps longer the longer the iterator
-    lived, up to 60 s. Every finite pass pays it when its iterator goes: the end of `fit`, each
-    validation pass, building a vocabulary; an iterator in a reference cycle (Keras keeps
-    `fit`'s in one) stalls whatever line the garbage collector interrupts. Without autotuning,
-    AUTOTUNE parallelism is the number of cores and prefetch buffers still grow as needed;
-    `benchmarks/tfdata_stall.py` shows the wait, and that these pipelines are no slower.
-    Every dataset this module returns is built with it; options pass on to derived datasets.
-    """
-    options = tf.data.Options()
-    options.autotune.enabled = False
-    return dataset.with_options(options)
 
 
 # ----------------------------------------------------------------------------- local text files

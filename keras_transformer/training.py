@@ -87,7 +87,10 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
 
     auto: MultiWorkerMirroredStrategy when TF_CONFIG names several workers, else
     MirroredStrategy over the local GPUs, or over the logical CPU devices without GPUs.
+    The strategies' per-device input runs without tf.data autotuning
+    (`compat.device_datasets_without_autotuning`).
     """
+    compat.device_datasets_without_autotuning()
     workers = _cluster_workers()
     if name == "auto":
         name = "multi_worker" if workers > 1 else "mirrored"

@@ -286,7 +286,7 @@ def test_replica_count_divides_every_batch(sentencepiece_tokenizers, multi30k_co
 
 
 def test_every_pipeline_has_tf_data_autotuning_off(sentencepiece_tokenizers, multi30k_config):
-    """Deleting a finished iterator stalls while tf.data autotunes (`data.without_autotuning`):
+    """Deleting a finished iterator stalls while tf.data autotunes (`compat.without_autotuning`):
     every dataset the data module returns has it off, also when given pairs from elsewhere."""
     config = multi30k_config()
     outside = tf.data.Dataset.from_tensor_slices((["Ein Hund läuft."], ["A dog runs."]))
