@@ -1,17 +1,26 @@
 """Input pipeline throughput on Multi30k train, next to what a training step consumes.
 
     python benchmarks/input.py [--data-dir DIR] [--vocab-dir DIR] [--train-steps 20]
+                               [--stall-seconds 30]
 
 Prints pairs/s and tokens/s (real source + target tokens, no padding) of `make_batches` for the
 first epoch (reading, tokenizing, filling the cache) and a cached epoch, then the target tokens/s
 of `model.train_on_batch` for the `tutorial` preset on the same batches (batches taken from memory,
 so the pipeline is not measured twice). The pipeline should be >= 10x faster than training.
+
+Then, with tf.data autotuning off (as the package builds every pipeline,
+`compat.without_autotuning`) and turned back on: the median target tokens/s of 3 cached epochs,
+and the seconds that deleting an iterator takes after an epoch read to its end at a
+training-like pace (a pause after each batch, about --stall-seconds in all). On TensorFlow 2.21
+the deletion waits for the autotuning thread; re-run this after a TensorFlow upgrade to see
+whether the workaround is still needed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 
@@ -35,6 +44,8 @@ def parse_args():
     parser.add_argument("--preset", default="tutorial", help="model preset for the training step")
     parser.add_argument("--train-steps", type=int, default=20,
                         help="timed training steps (0 skips the model)")
+    parser.add_argument("--stall-seconds", type=float, default=30.0,
+                        help="length of the paced epoch of the autotuning comparison (0 skips it)")
     return parser.parse_args()
 
 
@@ -48,6 +59,35 @@ def time_epoch(batches: tf.data.Dataset) -> dict:
         count += 1
     return {"pairs": pairs, "tokens": tokens, "batches": count,
             "seconds": time.perf_counter() - start}
+
+
+def paced_epoch_then_delete(batches: tf.data.Dataset, pause: float) -> tuple[float, float]:
+    """Reads an epoch with `pause` seconds after each batch; returns (epoch seconds, seconds
+    that deleting its exhausted iterator takes)."""
+    iterator = iter(batches)
+    start = time.perf_counter()
+    for _ in iterator:
+        time.sleep(pause)
+    end = time.perf_counter()
+    del iterator
+    return end - start, time.perf_counter() - end
+
+
+def compare_autotuning(batches: tf.data.Dataset, stall_seconds: float) -> None:
+    """Prints the cached-epoch speed and the iterator-deletion wait with autotuning off and on."""
+    autotuned = tf.data.Options()
+    autotuned.autotune.enabled = True
+    print(f"tf.data autotuning (tensorflow {tf.__version__}), paced epoch of about "
+          f"{stall_seconds:.0f} s:")
+    print(f"{'pipeline':<26} {'tokens/s per side (median)':>27} {'paced epoch s':>14} "
+          f"{'del iterator s':>15}")
+    for name, dataset in (("package (autotuning off)", batches),
+                          ("autotuning on", batches.with_options(autotuned))):
+        time_epoch(dataset)  # warm-up: fills the cache
+        timed = [time_epoch(dataset) for _ in range(3)]
+        rate = statistics.median(r["tokens"] / 2 / r["seconds"] for r in timed)
+        epoch, delete = paced_epoch_then_delete(dataset, stall_seconds / timed[0]["batches"])
+        print(f"{name:<26} {rate:>27,.0f} {epoch:>14.1f} {delete:>15.2f}", flush=True)
 
 
 def time_training(config: ExperimentConfig, batches: list, steps: int) -> float:
@@ -101,6 +141,8 @@ def main():
         print(f"training step, preset {args.preset!r}: {rate:,.0f} target tokens/s "
               f"({args.train_steps} steps); the cached pipeline delivers "
               f"{pipeline_target_rate / rate:,.0f}x that (goal >= 10x)")
+    if args.stall_seconds:
+        compare_autotuning(batches, args.stall_seconds)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def without_autotuning(dataset: tf.data.Dataset) -> tf.data.Dataset:
     wake-up, and that thread sleeps longer the longer the iterator lived, up to 60 s. Every
     finite pass pays it when its iterator goes: the end of `fit`, each validation pass,
     building a vocabulary; an iterator in a reference cycle (Keras keeps `fit`'s in one)
-    stalls whatever line the garbage collector interrupts. `benchmarks/tfdata_stall.py` shows
+    stalls whatever line the garbage collector interrupts. `benchmarks/input.py` shows
     the wait; no upstream report was found. Without autotuning, AUTOTUNE parallelism is the
     number of cores and prefetch buffers still grow as needed. Public API: options pass on to
     the datasets made from `dataset`.
