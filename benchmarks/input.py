@@ -9,8 +9,8 @@ of `model.train_on_batch` for the `tutorial` preset on the same batches (batches
 so the pipeline is not measured twice). The pipeline should be >= 10x faster than training.
 
 Then, with tf.data autotuning off (as the package builds every pipeline,
-`compat.without_autotuning`) and turned back on: the median target tokens/s of 3 cached epochs,
-and the seconds that deleting an iterator takes after an epoch read to its end at a
+`compat.without_autotuning`) and turned back on: the median tokens/s per side of 3 cached
+epochs, and the seconds that deleting an iterator takes after an epoch read to its end at a
 training-like pace (a pause after each batch, about --stall-seconds in all). On TensorFlow 2.21
 the deletion waits for the autotuning thread; re-run this after a TensorFlow upgrade to see
 whether the workaround is still needed.
