@@ -24,6 +24,10 @@ these machines drifts within minutes (experiments/log/2026-11-27.md); taking tur
 drift over every row alike, and each round gives a ratio of passes run seconds apart, whose
 range over the rounds the table shows. Greedy outputs of the SavedModel and of CTranslate2 float32 are
 compared sentence by sentence.
+
+CTranslate2 chooses its kernels by CPU (instruction set, float32 and int8 GEMM libraries); the
+header prints what it chose, and `CT2_FORCE_CPU_ISA` / `CT2_USE_MKL` set in the environment
+change it for the CTranslate2 rows (e.g. `CT2_FORCE_CPU_ISA=AVX512 python benchmarks/decode.py ...`).
 """
 
 from __future__ import annotations
@@ -248,6 +252,38 @@ def export_variants(args, translator, root: Path, alphas: list[float]) -> dict:
     return paths
 
 
+# CTranslate2 picks its CPU kernels itself, by vendor: MKL on Intel CPUs only (its
+# src/cpu/backend.cc), and the AVX2 code path on the AMD EPYC of RESULTS although it has AVX-512.
+# These variables override its choice; the rows' processes inherit them.
+CT2_SETTINGS = ("CT2_FORCE_CPU_ISA", "CT2_USE_MKL")
+_CT2_CHOICES = {"Selected ISA": "ISA", "SGEMM backend": "float32 GEMM",
+                "GEMM_S8 backend": "int8 GEMM"}
+
+
+def ctranslate2_cpu_choices(model_dir) -> dict:
+    """What CTranslate2 chooses on this CPU, read from its own log (`CT2_VERBOSE=1`) while a
+    subprocess loads `model_dir`: `{"ISA": "AVX2", "float32 GEMM": "DNNL (packed: false)",
+    "int8 GEMM": ..., "CT2_USE_MKL": "unset", ...}`."""
+    code = "import sys, ctranslate2; ctranslate2.Translator(sys.argv[1], device='cpu')"
+    log = subprocess.run([sys.executable, "-c", code, str(model_dir)], capture_output=True,
+                         text=True, env=dict(os.environ, CT2_VERBOSE="1")).stderr
+    return {**parse_ctranslate2_log(log),
+            **{name: os.environ.get(name, "unset") for name in CT2_SETTINGS}}
+
+
+def parse_ctranslate2_log(log: str) -> dict:
+    """The ISA and GEMM backends in CTranslate2's `CT2_VERBOSE` log; a SystemExit naming the
+    log's end if it has none (the model did not load)."""
+    choices = {}
+    for line in log.splitlines():
+        for key, name in _CT2_CHOICES.items():
+            if f"- {key}: " in line:
+                choices[name] = line.split(f"- {key}: ", 1)[1].strip()
+    if len(choices) != len(_CT2_CHOICES):
+        raise SystemExit(f"decode.py: CTranslate2 did not report its CPU choices:\n{log[-2000:]}")
+    return choices
+
+
 def _rule(args, decode) -> str:
     """The SavedModel rows' stopping rule, e.g. "beam_full, patience 2"."""
     stopping = args.stopping or decode.stopping
@@ -357,6 +393,11 @@ def main(argv=None) -> int:
           f"{cpu}; load average {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="decode_bench_") as root:
         paths = export_variants(args, translator, Path(root), alphas)
+        ct2_paths = [path for (variant, _), path in paths.items() if variant.startswith("ct2")]
+        ct2_cpu = ctranslate2_cpu_choices(ct2_paths[0]) if ct2_paths else None
+        if ct2_cpu:
+            print("CTranslate2 on this CPU: " + ", ".join(
+                f"{name} {value}" for name, value in ct2_cpu.items()), flush=True)
         results = []
         for _, group in itertools.groupby(rows(args, paths, alphas), key=_group_key):
             specs = [dict(spec, sentences=sentences, batch_size=args.batch_size)
@@ -368,6 +409,8 @@ def main(argv=None) -> int:
                               tokens_per_second=tokens / seconds)
                 results.append({**{k: spec[k] for k in ("variant", "search", "alpha", "cores")},
                                 "beam": args.beam, **result})
+                if spec["variant"].startswith("ct2"):
+                    results[-1]["ctranslate2_cpu"] = ct2_cpu
                 print(f"  {spec['variant']} {spec['search']} alpha {spec['alpha']} cores "
                       f"{spec['cores']}: {result['sentences_per_second']:.1f} sentences/s",
                       file=sys.stderr, flush=True)

@@ -217,3 +217,39 @@ def test_decode_names_a_folder_that_is_not_a_run(decode_bench, tmp_path):
         decode_bench.main(["--run", str(tmp_path), "--data-dir", str(tmp_path)])
     assert str(exit_info.value) == (f"decode.py: {tmp_path} is not a training run "
                                     "(config.yaml not found)")
+
+
+CT2_VERBOSE_LOG = """\
+[2026-11-29 02:11:58.103] [ctranslate2] [thread 8789] [info] CPU: AuthenticAMD (SSE4.1=true, AVX=true, AVX2=true, AVX512=true)
+[2026-11-29 02:11:58.103] [ctranslate2] [thread 8789] [info]  - Selected ISA: AVX2
+[2026-11-29 02:11:58.103] [ctranslate2] [thread 8789] [info]  - Use Intel MKL: false
+[2026-11-29 02:11:58.103] [ctranslate2] [thread 8789] [info]  - SGEMM backend: DNNL (packed: false)
+[2026-11-29 02:11:58.103] [ctranslate2] [thread 8789] [info]  - GEMM_S16 backend: none (packed: false)
+[2026-11-29 02:11:58.103] [ctranslate2] [thread 8789] [info]  - GEMM_S8 backend: DNNL (packed: false, u8s8 preferred: true)
+"""
+
+
+def test_decode_reads_ctranslate2s_cpu_choices_from_its_log(decode_bench):
+    assert decode_bench.parse_ctranslate2_log(CT2_VERBOSE_LOG) == {
+        "ISA": "AVX2", "float32 GEMM": "DNNL (packed: false)",
+        "int8 GEMM": "DNNL (packed: false, u8s8 preferred: true)"}
+    with pytest.raises(SystemExit, match="did not report its CPU choices"):
+        decode_bench.parse_ctranslate2_log("RuntimeError: Unable to open file 'model.bin'")
+
+
+def test_decode_reports_what_ctranslate2_chose_and_the_override(decode_bench,
+                                                                random_translation_model,
+                                                                tmp_path, monkeypatch):
+    """A real CTranslate2 load in a subprocess: it reports the instruction set that the
+    environment forces (AVX, which is no CPU's default here) and the variables set."""
+    from keras_transformer.config import DecodeConfig
+    from keras_transformer.ctranslate2_export import export_ctranslate2
+
+    model, tokenizer = random_translation_model
+    folder = export_ctranslate2(model, tokenizer, tokenizer, DecodeConfig(), tmp_path / "ct2")
+    monkeypatch.setenv("CT2_FORCE_CPU_ISA", "AVX")
+    monkeypatch.delenv("CT2_USE_MKL", raising=False)
+    choices = decode_bench.ctranslate2_cpu_choices(folder)
+    assert choices["ISA"] == "AVX"
+    assert choices["CT2_FORCE_CPU_ISA"] == "AVX" and choices["CT2_USE_MKL"] == "unset"
+    assert choices["float32 GEMM"] and choices["int8 GEMM"]
