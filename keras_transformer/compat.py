@@ -110,34 +110,6 @@ def skip_symbolic_build(model: keras.Model) -> None:
     model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
 
 
-def keep_validation_iterator(model: keras.Model) -> None:
-    """Makes `fit` read validation from one iterator for the whole run.
-
-    Keras 3.15's `evaluate` resets its cached validation iterator at every call, dropping the
-    distributed iterator of the previous evaluation (by design: keras-team/keras#17399 was
-    declined). Destroying it cancels its pending reads, and under MirroredStrategy on 2 CPU
-    devices the trainer then sat idle for about 60 s at the start of most validations. Training
-    validates on a repeated stream with `validation_steps` = one pass, so the next evaluation
-    can continue the same iterator: reset here forgets the step count and keeps the iterator.
-    """
-    evaluate = model.evaluate
-
-    def evaluate_on_kept_iterator(*args, **kwargs):
-        epoch_iterator = getattr(model, "_eval_epoch_iterator", None)
-        if kwargs.get("_use_cached_eval_dataset") and epoch_iterator is not None:
-            for attribute in ("_steps_seen", "_epoch_iterator"):
-                _require(epoch_iterator, attribute, "keep_validation_iterator")
-            epoch_iterator.reset = functools.partial(_reset_keeping_iterator, epoch_iterator)
-        return evaluate(*args, **kwargs)
-
-    model.evaluate = evaluate_on_kept_iterator
-
-
-def _reset_keeping_iterator(epoch_iterator) -> None:
-    epoch_iterator._steps_seen = 0
-    epoch_iterator._epoch_iterator = None
-
-
 def apply_multi_worker_workarounds(model: keras.Model) -> None:
     """Works around a Keras 3.15 bug of `fit` under MultiWorkerMirroredStrategy.
 

@@ -348,15 +348,15 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     validation_batches = data_lib.make_batches(validation_pairs, source_tokenizer,
                                                target_tokenizer, config.data, training=False,
                                                num_replicas=replicas)
-    # Validation reads a repeated stream, one pass per evaluation, so that Keras keeps a single
-    # iterator for the run: a new distributed iterator at every evaluation sometimes sat idle
-    # for about 60 s under MirroredStrategy on CPU (a third of the epochs of a Multi30k run).
-    # It ends with the last evaluation, for the reason `TrainingInput.batches` gives.
     validation_steps = data_lib.batch_stats(validation_batches).batches
     if not validation_steps:
         raise ConfigError(
             f"data.validation_split={config.data.validation_split!r} gives no batches: every "
             f"pair is empty or longer than data.max_pair_length={config.data.max_pair_length}")
+    # Its length known, each evaluation of `fit` reads the split once, and Keras does not warn
+    # that the input "ran out of data" as it does at the end of a dataset of unknown length.
+    validation_batches = validation_batches.apply(
+        tf.data.experimental.assert_cardinality(validation_steps))
 
     precision = resolve_precision(config.train.precision, strategy)
     previous_policy = keras.config.dtype_policy()
@@ -366,7 +366,6 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
             model = build_model(config)
             build_compiled_state(model, validation_batches)
             compat.skip_symbolic_build(model)
-            compat.keep_validation_iterator(model)
             if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
                 compat.apply_multi_worker_workarounds(model)
             initial_epoch = run.restore(model)
@@ -378,8 +377,7 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
                 source_tokenizer, target_tokenizer, config, run.logs_dir / "validation")
         return model.fit(
             training_input.batches(initial_epoch, steps),
-            validation_data=validation_batches.repeat(config.train.epochs - initial_epoch),
-            validation_steps=validation_steps,
+            validation_data=validation_batches,
             initial_epoch=initial_epoch,
             epochs=config.train.epochs,
             steps_per_epoch=steps,

@@ -22,15 +22,11 @@ def test_version_gate_refuses_an_untested_keras(monkeypatch):
 
 
 def test_private_attributes_the_workarounds_need_exist():
-    from keras.src.trainers.epoch_iterator import EpochIterator
-
     model = Transformer(ModelConfig.from_preset("tiny", source_vocab_size=50,
                                                 target_vocab_size=50))
     model.compile(optimizer="adam", loss="mse")
     assert callable(model._maybe_symbolic_build)
     assert isinstance(compat.loss_tracker(model), keras.metrics.Mean)
-    iterator = EpochIterator(x=np.zeros([4, 2]), batch_size=2)
-    assert iterator._steps_seen == 0 and iterator._epoch_iterator is None
     adam = keras.optimizers.Adam()
     kernel = keras.Variable(np.ones([2, 3], "float32"))
     adam.build([keras.Variable(np.ones([4], "float32")), kernel])
@@ -88,26 +84,3 @@ def test_skip_symbolic_build_replaces_the_build_step():
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     compat.skip_symbolic_build(model)
     assert model._maybe_symbolic_build(iterator=object()) is None
-
-
-@pytest.mark.parametrize("keep", [False, True])
-def test_validation_continues_one_iterator_across_epochs(keep):
-    """Under MirroredStrategy each evaluation of `fit` reads the same validation iterator (no
-    iterator destroyed per epoch, which stalled runs for a minute); without the workaround
-    Keras makes a new one per evaluation."""
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    x = np.arange(32, dtype="float32").reshape(16, 2)
-    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(4)
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-        model.compile(optimizer="sgd", loss="mse")
-    if keep:
-        compat.keep_validation_iterator(model)
-    seen = []
-    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(
-        (model._eval_epoch_iterator._current_iterator, logs["val_loss"])))
-    model.fit(data.repeat(), steps_per_epoch=2, epochs=3, verbose=0, callbacks=[record],
-              validation_data=data.repeat(), validation_steps=4)
-    iterators = {id(iterator) for iterator, _ in seen}
-    assert len(iterators) == (1 if keep else 3)
-    assert all(np.isfinite(loss) for _, loss in seen)
