@@ -353,10 +353,11 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
         raise ConfigError(
             f"data.validation_split={config.data.validation_split!r} gives no batches: every "
             f"pair is empty or longer than data.max_pair_length={config.data.max_pair_length}")
-    # Its length known, each evaluation of `fit` reads the split once, and Keras does not warn
-    # that the input "ran out of data" as it does at the end of a dataset of unknown length.
-    validation_batches = validation_batches.apply(
-        tf.data.experimental.assert_cardinality(validation_steps))
+    # `fit` validates on a repeated stream, `validation_steps` (one pass) at each evaluation:
+    # Keras then never reaches the end of a dataset of unknown length, where it warns that the
+    # input "ran out of data"; declaring the length instead makes it start a second iterator
+    # at the end of every evaluation. The stream ends with the last evaluation, for the reason
+    # `TrainingInput.batches` gives.
 
     precision = resolve_precision(config.train.precision, strategy)
     previous_policy = keras.config.dtype_policy()
@@ -377,7 +378,8 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
                 source_tokenizer, target_tokenizer, config, run.logs_dir / "validation")
         return model.fit(
             training_input.batches(initial_epoch, steps),
-            validation_data=validation_batches,
+            validation_data=validation_batches.repeat(config.train.epochs - initial_epoch),
+            validation_steps=validation_steps,
             initial_epoch=initial_epoch,
             epochs=config.train.epochs,
             steps_per_epoch=steps,
