@@ -393,8 +393,9 @@ def main(argv=None) -> int:
           f"{cpu}; load average {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="decode_bench_") as root:
         paths = export_variants(args, translator, Path(root), alphas)
-        ct2_paths = [path for (variant, _), path in paths.items() if variant.startswith("ct2")]
-        ct2_cpu = ctranslate2_cpu_choices(ct2_paths[0]) if ct2_paths else None
+        ct2_path = next((path for (variant, _), path in paths.items()
+                         if variant.startswith("ct2")), None)
+        ct2_cpu = ctranslate2_cpu_choices(ct2_path) if ct2_path else None
         if ct2_cpu:
             print("CTranslate2 on this CPU: " + ", ".join(
                 f"{name} {value}" for name, value in ct2_cpu.items()), flush=True)
