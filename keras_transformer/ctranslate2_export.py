@@ -5,8 +5,9 @@
 
 The export is a CTranslate2 model folder (model.bin, config.json, shared_vocabulary.json) plus the
 joint SentencePiece model and `keras_transformer.json` (beam size, alpha, output caps, source
-markers). `CTranslate2Translator` reproduces `translator.Translator`: same truncation, caps,
-greedy and beam results, and the same output dicts as the SavedModel signatures.
+markers). `CTranslate2Translator` reproduces `translator.Translator`: same input normalization
+(`tokenizers.normalize_text`), truncation, caps, greedy and beam results, and the same output
+dicts as the SavedModel signatures.
 
 How our layout maps onto CTranslate2's `TransformerSpec`:
 
@@ -46,6 +47,7 @@ from typing import Sequence
 import ctranslate2
 import numpy as np
 import sentencepiece
+import tensorflow as tf
 from ctranslate2.specs import common_spec, transformer_spec
 
 from keras_transformer.config import ConfigError, DecodeConfig
@@ -59,6 +61,7 @@ from keras_transformer.tokenizers import (
     START_ID,
     SentencePieceTokenizer,
     Tokenizer,
+    normalize_text,
 )
 
 SETTINGS_FILE = "keras_transformer.json"
@@ -386,7 +389,8 @@ class CTranslate2Translator:
         """Runs `decode(sources, cap)` on each group of sources with the same output cap (with
         the "native" rule: on all of them at once, with the longest cap, each output then cut
         at its own cap); `not_decoded` stands for empty sources."""
-        sources = [self._source_pieces(source) for source in _strings(batch)]
+        texts = normalize_text(tf.constant(_strings(batch), tf.string)).numpy()
+        sources = [self._source_pieces(text) for text in texts]
         caps = {index: self._cap(pieces) for index, pieces in enumerate(sources)
                 if pieces is not None}
         groups = defaultdict(list)
@@ -399,11 +403,11 @@ class CTranslate2Translator:
         return results
 
     def _source_pieces(self, source: bytes) -> list[str] | None:
-        """The source's pieces, truncated so that with START and END they fit the position
-        table (as `Translator` truncates); None for an empty or whitespace-only source."""
-        if not source.strip():
+        """The pieces of a normalized source, truncated so that with START and END they fit
+        the position table (as `Translator` truncates); None for an empty source."""
+        if not source:
             return None
-        pieces = self.processor.encode(source.decode("utf-8", errors="replace"), out_type=str)
+        pieces = self.processor.encode(source.decode("utf-8"), out_type=str)
         return pieces[:self.max_source_length - 2]
 
     def _cap(self, pieces: list[str]) -> int:

@@ -13,8 +13,9 @@ Sources (`DataConfig.dataset`):
   whose examples are {lang: text} dicts; `source_lang`/`target_lang` pick the direction.
 
 Policies (nothing is lost silently: `pair_stats` counts every pair as kept or dropped by reason):
-- every line's whitespace is normalized (`tokenizers.normalize_whitespace`: runs of Unicode
-  whitespace become one space, none at either end), as the Translator normalizes its inputs;
+- every line is normalized (`tokenizers.normalize_text`: invisible characters removed, NFC,
+  runs of Unicode whitespace made one space, none at either end), as the Translator normalizes
+  its inputs;
 - a pair with an empty source or target is dropped (reason "empty"); for local files the first
   line numbers are logged when the files are checked;
 - a pair whose source or target, in tokens including START and END, is longer than
@@ -44,7 +45,7 @@ from keras_transformer.config import ConfigError, DataConfig
 from keras_transformer.text_io import (  # noqa: F401  (DataError: re-exported)
     DataError, first_line, read_parallel_lines)
 from keras_transformer.tokenizers import (UNK_ID, Tokenizer, build_tokenizers,
-                                          load_tokenizers, normalize_whitespace)
+                                          load_tokenizers, normalize_text)
 
 logger = logging.getLogger(__name__)
 
@@ -172,8 +173,8 @@ def _select_languages(examples: tf.data.Dataset, data_config: DataConfig, name: 
 
 def load_pairs(data_config: DataConfig, split: str,
                shard: tuple[int, int] = (0, 1)) -> tf.data.Dataset:
-    """(source_text, target_text) pairs of `split`: two scalar tf.string, whitespace-normalized
-    (`normalize_whitespace`, the Translator's normalization of its inputs).
+    """(source_text, target_text) pairs of `split`: two scalar tf.string, normalized
+    (`normalize_text`, the Translator's normalization of its inputs).
 
     Pairs with an empty side are kept here and dropped (and counted) by `make_batches`/`pair_stats`.
 
@@ -198,7 +199,7 @@ def load_pairs(data_config: DataConfig, split: str,
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         pairs = pairs.shard(count, index).with_options(options)
     return without_autotuning(pairs.map(
-        lambda s, t: (normalize_whitespace(s), normalize_whitespace(t)),
+        lambda s, t: (normalize_text(s), normalize_text(t)),
         num_parallel_calls=AUTOTUNE))
 
 

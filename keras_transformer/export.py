@@ -22,7 +22,7 @@ import tensorflow as tf
 from keras_transformer.config import ConfigError
 from keras_transformer.runs import Run, check_writable_folder
 from keras_transformer.text_io import first_line
-from keras_transformer.tokenizers import without_sentencepiece_info
+from keras_transformer.tokenizers import NORMALIZATION, without_sentencepiece_info
 from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, Translator,
                                           translator_from_run)
 
@@ -73,7 +73,8 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
 
 def translator_provenance(translator: Translator) -> dict:
     """What a serving team or a converter needs to know about an export without reading code:
-    model config, tokenizer and vocabulary, source markers, search settings and length rule,
+    model config, tokenizer and vocabulary, what is done to a source before tokenizing, source
+    markers, search settings and length rule,
     package versions."""
     import keras_transformer
 
@@ -84,6 +85,7 @@ def translator_provenance(translator: Translator) -> dict:
         "tokenizer": type(tokenizer).__name__,
         "vocabulary_size": {"source": translator.source_tokenizer.vocab_size,
                             "target": translator.target_tokenizer.vocab_size},
+        "source_normalization": NORMALIZATION,
         "source_markers": "START (id 1) and END (id 2) around every source",
         "reserved_ids": {"pad": 0, "start": 1, "end": 2, "unk": 3},
         "search": {"serving_default": f"beam search, beam {decode.beam_size}",

@@ -21,8 +21,9 @@ Exported signatures (input `source`: string `[batch]`, any batch size including 
 Scores: greedy gives log P(translation | source); beam search gives log P / lp with the GNMT
 length penalty lp = ((5 + length) / 6) ** alpha (see `decoding`).
 
-Inputs are whitespace-normalized as training text was (`tokenizers.normalize_whitespace`). A
-source with no words ("" or whitespace only) is not decoded: its translation is "" with score 0
+Inputs are normalized as training text was (`tokenizers.normalize_text`: invisible characters
+removed, NFC, whitespace runs made one space). A source with no words (nothing left after
+that: "", whitespace, a byte-order mark, ...) is not decoded: its translation is "" with score 0
 (in translate_nbest: "" with score 0 first, then "" with `decoding.NEG_INF`, the n-best's mark
 of a slot without a hypothesis, since the empty translation is the only one).
 """
@@ -46,7 +47,7 @@ from keras_transformer.evaluation import score
 from keras_transformer.inference import DecoderStep, EncoderPass
 from keras_transformer.model import Transformer
 from keras_transformer.runs import Run
-from keras_transformer.tokenizers import END_ID, START_ID, Tokenizer, normalize_whitespace
+from keras_transformer.tokenizers import END_ID, START_ID, Tokenizer, normalize_text
 
 STRINGS_SPEC = tf.TensorSpec([None], tf.string, name="source")
 SIGNATURE_INPUT = "source"  # the input key of every exported signature
@@ -162,7 +163,7 @@ class Translator(tf.Module):
                 "translate_nbest": self.translate_nbest.get_concrete_function()}
 
     def _translate_words(self, source, translate_rows, no_words: dict) -> dict:
-        """Normalizes the whitespace of `source` string [batch], runs `translate_rows` on the
+        """Normalizes `source` string [batch] (`normalize_text`), runs `translate_rows` on the
         sentences that have words, and gives the others the row `no_words`.
 
         Args:
@@ -174,7 +175,7 @@ class Translator(tf.Module):
             they would see without the others (so their outputs are bitwise the same), and a
             batch without words runs no search at all.
         """
-        source = normalize_whitespace(source)
+        source = normalize_text(source)
         has_words = tf.strings.length(source) > 0  # [batch]
         rows = tf.range(tf.size(source))
         decoded, skipped = tf.boolean_mask(rows, has_words), tf.boolean_mask(rows, ~has_words)

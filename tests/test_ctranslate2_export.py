@@ -23,7 +23,7 @@ from keras_transformer.ctranslate2_export import (  # noqa: E402
 from keras_transformer.decoding import NEG_INF, PAD_ID  # noqa: E402
 from keras_transformer.layers import positional_encoding  # noqa: E402
 from keras_transformer.model import Transformer  # noqa: E402
-from keras_transformer.tokenizers import END_ID  # noqa: E402
+from keras_transformer.tokenizers import END_ID, NORMALIZATION  # noqa: E402
 from keras_transformer.translator import Translator  # noqa: E402
 from helpers import seeded_tiny_model  # noqa: E402
 
@@ -379,6 +379,32 @@ def test_empty_sources_are_not_decoded(random_translation_model, tmp_path):
     assert list(nbest["scores"][0]) == [0.0] + [NEG_INF] * 3
 
 
+def test_sources_are_normalized_as_the_savedmodel_normalizes_them(models, tmp_path):
+    """Whitespace, invisible characters and decomposed letters: each messy source translates
+    as its clean form, in CTranslate2 as in `Translator`, and one with nothing visible is ""
+    with score 0."""
+    model, tokenizer = models
+    translator = Translator(model, tokenizer, tokenizer, DECODE)
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2"))
+    messy = ["Ein\tMann  fährt\u00a0Fahrrad. ", "\ufeffZwei Hunde spielen im Schnee.\u200b",
+             "Ein kleines Ma\u0308dchen klettert in ein Spielhaus aus Holz.\x00",
+             "\u00a0", "\ufeff", "\u200b\x00 \t"]
+    clean = [SENTENCES[0], SENTENCES[1], SENTENCES[7], "", "", ""]
+    for search in ("translate_greedy", "translate_beam"):
+        got, want = getattr(ct2, search)(messy), getattr(ct2, search)(clean)
+        assert texts(got["translation"]) == texts(want["translation"]), search
+        np.testing.assert_allclose(got["score"], want["score"], atol=1e-5)
+        assert texts(got["translation"])[3:] == [""] * 3 and list(got["score"][3:]) == [0.0] * 3
+        saved = getattr(translator, search)(tf.constant(messy))
+        assert texts(got["translation"]) == tf_texts(saved["translation"]), search
+        np.testing.assert_allclose(got["score"], saved["score"].numpy(), atol=1e-3)
+        assert len(set(got["score"][:3])) == 3  # decoded, each its own way
+    assert ct2.greedy_ids(messy) == ct2.greedy_ids(clean)
+    # Unnormalized, the messy sources would be other pieces.
+    pieces = [ct2.processor.encode(text, out_type=str) for text in messy[:3] + clean[:3]]
+    assert all(a != b for a, b in zip(pieces[:3], pieces[3:]))
+
+
 def test_input_types_and_empty_batch(random_translation_model, tmp_path):
     model, tokenizer = random_translation_model
     ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2"))
@@ -430,6 +456,7 @@ def test_cli_exports_ctranslate2_and_translates_with_either_export(random_run, t
     assert record["search"]["stopping"].startswith("beam_full (a sentence stops once patience")
     assert record["search"]["stopping"].endswith("; patience 2)")
     assert record["model"]["max_positions"] == 24 and "sources truncated" in record["length_rule"]
+    assert record["source_normalization"] == NORMALIZATION
 
     code, _, err = cli_run(capsys, monkeypatch, ["export", "--run", str(random_run), "--format",
                                                  "ctranslate2", "--output", str(ct2_dir)])

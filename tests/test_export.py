@@ -24,8 +24,8 @@ from keras_transformer.translator import SIGNATURE_INPUT, SIGNATURES, Translator
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "", "  ", "Zwei Hunde spielen im Schnee.",
              " ".join(["Wort"] * 2000), "漢字 ☃ 🙂", "Hallo", "Ein Mann\tfährt\tFahrrad.",
-             "\u00a0\t\u3000"]
-NO_WORDS = [1, 2, 8]  # indices of SENTENCES without words
+             "\u00a0\t\u3000", "\ufeff\u200b"]
+NO_WORDS = [1, 2, 8, 9]  # indices of SENTENCES without words
 BEAM_SIZE = 3
 
 # Runs in a fresh process: lists the ops TensorFlow core registers (before tensorflow_text is
@@ -159,9 +159,9 @@ def test_signatures_and_assets(export_dir):
     assert (export_dir / "assets" / "sentencepiece.model").is_file()
 
 
-def test_exported_signatures_skip_sources_without_words_and_normalize_whitespace(export_dir):
-    """In the loaded SavedModel: "" and whitespace-only sources give "" with score 0 (n-best:
-    then NEG_INF), also in a batch of nothing else, and tabs translate as spaces."""
+def test_exported_signatures_skip_sources_without_words_and_normalize_them(export_dir):
+    """In the loaded SavedModel: "", whitespace-only and invisible sources give "" with score 0
+    (n-best: then NEG_INF), also in a batch of nothing else, and tabs translate as spaces."""
     loaded = load_translator(export_dir)
     tab = SENTENCES.index("Ein Mann\tfährt\tFahrrad.")
     for name in SIGNATURES:

@@ -14,7 +14,7 @@ from keras_transformer.config import ConfigError
 from keras_transformer.text_io import read_parallel_lines
 from keras_transformer.tokenizers import (END_ID, PAD_ID, SERVING_TF_TEXT_OPS, START_ID, UNK_ID,
                                           SentencePieceTokenizer, build_tokenizers,
-                                          load_tokenizers, normalize_whitespace,
+                                          load_tokenizers, normalize_text,
                                           training_tokenizers)
 
 
@@ -295,19 +295,56 @@ def test_sentencepiece_vocab_smaller_than_the_alphabet_names_the_setting(tmp_pat
         train_sentencepiece(sentences, tmp_path / "sp.model", vocab_size=50)
 
 
-def test_normalize_whitespace_splits_words_as_python_does():
-    """Every character Python's str.split() splits at (tabs, no-break and other Unicode spaces)
-    becomes one ASCII space in a run and none at the ends; other characters, the zero-width
-    ones included, and bytes that are not UTF-8 stay as they are."""
-    import sys
+def _python_normalize(text: bytes) -> str:
+    """`normalize_text` written with Python's str and unicodedata, as a reference."""
+    import unicodedata
 
+    chars = text.decode("utf-8", errors="replace")
+    visible = "".join(c for c in chars if c.isspace() or c != "\ufffd" and
+                      unicodedata.category(c) not in ("Cc", "Cf"))
+    return " ".join(unicodedata.normalize("NFC", visible).split())
+
+
+def test_normalize_text_splits_words_as_python_does():
+    """Every character Python's str.split() splits at (tabs, no-break and other Unicode spaces)
+    becomes one ASCII space in a run and none at the ends; characters that show nothing
+    (zero-width spaces, byte-order marks, soft hyphens, NUL and other controls) are removed."""
     spaces = [chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()]
-    lookalikes = ["\u200b", "\u2060", "\ufeff", "\u180e", "_"]  # not whitespace in Python
-    texts = [f"{c}a{c}{c}b {c}c{c}" for c in spaces + lookalikes]
-    texts += ["", "   ", "\t\n\u00a0", "Ein Mann\tfährt \u00a0 Fahrrad.\r"]
-    got = [t.decode("utf-8") for t in normalize_whitespace(tf.constant(texts)).numpy()]
-    assert got == [" ".join(t.split()) for t in texts]
+    invisible = ["\u200b", "\u2060", "\ufeff", "\u180e", "\u00ad", "\u200e", "\x00", "\x07",
+                 "\x7f", "\x9b", "\ufffd"]
+    texts = [f"{c}a{c}{c}b {c}c{c}" for c in spaces + invisible + ["_"]]
+    texts += ["", "   ", "\t\n\u00a0", "Ein Mann\tfährt \u00a0 Fahrrad.\r", "\ufeff\u200b \x01"]
+    got = [t.decode("utf-8") for t in normalize_text(tf.constant(texts)).numpy()]
     assert got[:len(spaces)] == ["a b c"] * len(spaces)
-    raw = [b"\xff a\xc2\xa0\xc2\xa0b \x80", b"\xc2 x"]
-    assert normalize_whitespace(tf.constant(raw)).numpy().tolist() == [b"\xff a b \x80",
-                                                                       b"\xc2 x"]
+    assert got[len(spaces):-6] == ["ab c"] * len(invisible)
+    assert got[-6:] == ["_a__b _c_", "", "", "", "Ein Mann fährt Fahrrad.", ""]
+    assert got == [_python_normalize(t.encode()) for t in texts]
+
+
+def test_normalize_text_composes_characters_and_drops_bytes_that_are_not_utf8():
+    """NFC, as training text is written: a letter and a combining accent become one character
+    (compatibility characters stay); bytes that are not UTF-8 are removed (as U+FFFD)."""
+    texts = ["fa\u0308hrt Fahrrad", "Cafe\u0301", "\u212b", "\ufb01 \uff25\uff49\uff4e \u00bd"]
+    got = normalize_text(tf.constant(texts)).numpy().tolist()
+    assert got == [t.encode() for t in ["fährt Fahrrad", "Café", "\u00c5",
+                                        "\ufb01 \uff25\uff49\uff4e \u00bd"]]
+    raw = [b"\xff a\xc2\xa0\xc2\xa0b \x80", b"\xc2 x", b"Ein Mann f\xe4hrt", b"\xff\xfe"]
+    got = normalize_text(tf.constant(raw)).numpy().tolist()
+    assert got == [b"a b", b"x", b"Ein Mann fhrt", b""]
+    assert got == [_python_normalize(r).encode() for r in raw]
+
+
+def test_normalize_text_agrees_with_python_on_every_character():
+    """Every character between two letters, and after a letter (where NFC may compose it),
+    normalizes as Python's unicodedata says: the graph's removal, NFC and whitespace use the
+    same character classes as the reference. Characters that Python's Unicode version has not
+    assigned yet are left out (RE2's and ICU's tables may be newer)."""
+    import unicodedata
+
+    chars = [chr(c) for c in range(sys.maxunicode + 1)
+             if unicodedata.category(chr(c)) not in ("Cn", "Cs")]
+    texts = [f"a{c}b" for c in chars] + [f"e{c}" for c in chars]
+    got = normalize_text(tf.constant(texts)).numpy()
+    expected = [_python_normalize(t.encode()).encode() for t in texts]
+    differ = [(t, g, e) for t, g, e in zip(texts, got, expected) if g != e]
+    assert not differ, (len(differ), differ[:5])

@@ -244,7 +244,7 @@ def test_bad_inputs_give_one_valid_output_each(translator):
 
 
 SIGNATURE_METHODS = ["translate_greedy", "translate_beam", "__call__", "translate_nbest"]
-NO_WORDS = ["", "   ", "\t", "\u00a0 \u3000\r\n"]
+NO_WORDS = ["", "   ", "\t", "\u00a0 \u3000\r\n", "\ufeff", "\u200b\x00 \u00ad"]
 
 
 class CountingTranslator(Translator):
@@ -285,7 +285,7 @@ def outputs_of(function, sentences):
 
 @pytest.mark.parametrize("function", SIGNATURE_METHODS)
 def test_sources_without_words_give_empty_translations_without_decoding(counting, function):
-    """"" and whitespace-only sources: "" with score 0 (n-best: then "" with NEG_INF), and no
+    """"", whitespace-only and invisible sources: "" with score 0 (n-best: then "" with NEG_INF), and no
     search runs for them; in a mixed batch the other sentences are decoded as a batch of their
     own and come out bitwise the same as when translated without the empty ones."""
     translate = getattr(counting, function)
@@ -301,9 +301,9 @@ def test_sources_without_words_give_empty_translations_without_decoding(counting
         np.testing.assert_array_equal(alone["score"], np.zeros(len(NO_WORDS)))
 
     mixed = [NO_WORDS[0], SENTENCES[0], NO_WORDS[1], NO_WORDS[2], SENTENCES[1], SENTENCES[3],
-             NO_WORDS[3]]
-    words = [i for i, sentence in enumerate(mixed) if sentence.strip()]
-    empty = [i for i, sentence in enumerate(mixed) if not sentence.strip()]
+             NO_WORDS[3], NO_WORDS[4], NO_WORDS[5]]
+    words = [i for i, sentence in enumerate(mixed) if sentence not in NO_WORDS]
+    empty = [i for i, sentence in enumerate(mixed) if sentence in NO_WORDS]
     together = outputs_of(translate, mixed)
     assert counting.counts() == (1, len(words))
     without_empty = outputs_of(translate, [mixed[i] for i in words])
@@ -316,11 +316,13 @@ def test_sources_without_words_give_empty_translations_without_decoding(counting
     assert (best_scores < 0).all()  # decoded: at least END, with its log-probability
 
 
-def test_whitespace_inside_a_source_is_normalized(translator):
-    """Tabs, repeated, no-break and other Unicode spaces translate as one space would, as the
-    training text was normalized."""
-    clean = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
-    messy = ["Ein Mann\tfährt\tFahrrad.", " Zwei  Hunde\u00a0spielen\u2009im \u3000Schnee.\t"]
+def test_sources_are_normalized_as_training_text(translator):
+    """Tabs, repeated, no-break and other Unicode spaces translate as one space would, invisible
+    characters (a byte-order mark, zero-width spaces, controls) as if absent, and decomposed
+    letters as their precomposed form, as the training text was normalized."""
+    clean = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Hallo"]
+    messy = ["\ufeffEin Mann\tfa\u0308hrt\tFahrrad.",
+             " Zwei  Hunde\u00a0spielen\u2009im \u3000Schnee.\t", "Hal\u00adlo\u200b\x00"]
     for function in SIGNATURE_METHODS:
         translate = getattr(translator, function)
         expected, got = outputs_of(translate, clean), outputs_of(translate, messy)
