@@ -8,6 +8,7 @@ line never costs the others their translations.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import os
@@ -77,10 +78,14 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
 def decode_user_lines(stream: BinaryIO, name: str) -> list[str]:
     """The lines of a byte stream, each decoded on its own: line endings (LF or CRLF) removed,
     bytes that are not UTF-8 replaced by U+FFFD with an `InvalidUtf8Warning` naming `name` and
-    the line. Every input line gives exactly one output line, empty lines included."""
+    the line, a byte-order mark at the start of the stream dropped (it marks the encoding, as
+    Python's "utf-8-sig" reads it; a reference's first word would otherwise differ). Every input
+    line gives exactly one output line, empty lines included."""
     lines = []
     for number, raw in enumerate(stream, start=1):
         raw = raw.rstrip(b"\n").rstrip(b"\r")
+        if number == 1:
+            raw = raw.removeprefix(codecs.BOM_UTF8)
         try:
             lines.append(raw.decode("utf-8"))
         except UnicodeDecodeError as error:

@@ -149,6 +149,15 @@ def test_many_invalid_lines_give_a_bounded_warning(monkeypatch, capsys):
                                    "<stdin> not valid UTF-8"
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_line(monkeypatch, capsys):
+    """A UTF-8 byte-order mark at the start of the input marks the encoding (Windows editors
+    write one); U+FEFF further on is text, which the model's normalization removes."""
+    monkeypatch.setattr(cli, "_translate_lines", lambda args, lines: lines)
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", "unused"],
+                             b"\xef\xbb\xbfEin Hund.\r\n\xef\xbb\xbfZwei\n")
+    assert (code, out, err) == (0, "Ein Hund.\n\ufeffZwei\n", "")
+
+
 def test_evaluate_reads_bytes_and_refuses_empty_or_unaligned_files(random_export, tmp_path,
                                                                    monkeypatch, capsys):
     source, reference, output = tmp_path / "src.de", tmp_path / "ref.en", tmp_path / "hyp.en"
