@@ -38,7 +38,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 SIGNATURE_NAMES = ("serving_default", "translate_greedy")
 LONG_WORDS = 400
-BAD_INPUTS = ("", "   ", "Ein\tMann\tfährt\tFahrrad.", "\ufffd", "🙂🐕 ☃ 🇩🇪", ".")
+BAD_INPUTS = ("", "   ", "Ein\tMann\tfährt\tFahrrad.", "\ufffd", "🙂🐕 ☃ 🇩🇪", ".",
+              "\ufeffEin Hund.", "\u200b\x00", "Ein Mann fa\u0308hrt.")
 # (translations, scores) of one request: bytes per sentence, and the float32 scores' raw bytes
 # so that equality is bitwise.
 Answer = tuple  # (tuple[bytes, ...], bytes)
