@@ -199,7 +199,7 @@ def load_pairs(data_config: DataConfig, split: str,
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         pairs = pairs.shard(count, index).with_options(options)
-    # Normalized a block of pairs at a time: the ops cost about as much per call as per string.
+    # Normalizes a block of pairs at a time: the ops cost about as much per call as per string.
     return without_autotuning(pairs.batch(_NORMALIZE_BATCH).map(
         lambda s, t: (normalize_text(s), normalize_text(t)),
         num_parallel_calls=AUTOTUNE).unbatch())

@@ -74,8 +74,7 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
 def translator_provenance(translator: Translator) -> dict:
     """What a serving team or a converter needs to know about an export without reading code:
     model config, tokenizer and vocabulary, what is done to a source before tokenizing, source
-    markers, search settings and length rule,
-    package versions."""
+    markers, search settings and length rule, package versions."""
     import keras_transformer
 
     decode = translator.decode_config

@@ -84,7 +84,7 @@ def normalize_text(strings):
     1. bytes that are not UTF-8 become U+FFFD;
     2. characters that show nothing are removed (`_INVISIBLE`): a byte-order mark, a zero-width
        space or a NUL changes no translation, and a source of nothing else is empty;
-    3. NFC: a letter followed by a combining accent (as macOS writes "ä") becomes the one
+    3. NFC: a letter followed by a combining accent (as macOS may write "ä") becomes the one
        precomposed character that training text uses;
     4. every run of Unicode whitespace (tabs, newlines, repeated or no-break spaces, ...) becomes
        one ASCII space, and leading/trailing whitespace is removed.
