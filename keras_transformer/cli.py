@@ -163,11 +163,12 @@ def _average(args) -> int:
 
 
 def _export(args) -> int:
-    from keras_transformer.export import export_run
+    from keras_transformer.export import RequestBatching, export_run
 
+    batching = None if args.batching is None else RequestBatching(num_batch_threads=args.batching)
     path = export_run(args.run_dir, args.output, version=args.version, weights=args.weights,
                       beam_size=args.beam, alpha=args.alpha, jit_compile=args.xla,
-                      format=args.format, quantization=args.quantization)
+                      format=args.format, quantization=args.quantization, batching=batching)
     print(f"exported {args.run_dir} to {path}")
     return 0
 
@@ -515,6 +516,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--xla", action="store_true",
                         help="compile the search with XLA (TF Serving then needs "
                              "--xla_cpu_compilation_enabled=true)")
+    export.add_argument("--batching", type=_positive_int, metavar="THREADS",
+                        help="decode concurrent calls together (in-graph request batching), "
+                             "THREADS batches at once: the serving machine's cores")
     export.set_defaults(run=_export)
 
     translate = commands.add_parser("translate", help="translate stdin to stdout, line by line")

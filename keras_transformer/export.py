@@ -4,15 +4,18 @@
     translator = load_translator("saved_models/NAME/1")
     translator.signatures["serving_default"](source=tf.constant(["Ein Hund."]))
 
-The exported signatures are listed in `keras_transformer.translator`.
+The exported signatures are listed in `keras_transformer.translator`. With `batching`, each
+runs behind a `BatchFunction` op (`RequestBatching`): concurrent calls are decoded together.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import Sequence
 
@@ -23,7 +26,7 @@ from keras_transformer.config import ConfigError
 from keras_transformer.runs import Run, check_writable_folder
 from keras_transformer.text_io import first_line
 from keras_transformer.tokenizers import NORMALIZATION, without_sentencepiece_info
-from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, Translator,
+from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, STRINGS_SPEC, Translator,
                                           translator_from_run)
 
 WARMUP_FILE = "tf_serving_warmup_requests"  # in assets.extra/, replayed by TF Serving on load
@@ -32,9 +35,77 @@ EXPORT_FORMATS = ("savedmodel", "ctranslate2")
 WARMUP_SENTENCES = ("Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "")
 
 
+@dataclasses.dataclass(frozen=True)
+class RequestBatching:
+    """In-graph request batching: every signature runs behind a `BatchFunction` op, which
+    gathers the sentences of concurrent calls (TF Serving requests, Python threads) into one
+    decoding batch. A call never waits for others (no timeout): a batch takes what queued
+    while the batch threads were busy. A call of more than `max_batch_size` sentences is split
+    into batches of that size; one of more than `max_batch_size * max_enqueued_batches` (the
+    queue's capacity) is refused.
+
+    The translations do not depend on the company a request keeps; the scores may differ in the
+    last float32 bits (the encoder packs the batch's tokens together).
+    """
+
+    num_batch_threads: int = 2  # batches decoded at once: the serving machine's cores
+    max_batch_size: int = 64  # sentences
+    max_enqueued_batches: int = 100
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            if getattr(self, field.name) < 1:
+                raise ConfigError(f"batching {field.name}={getattr(self, field.name)}: must be "
+                                  ">= 1")
+
+
+class BatchingTranslator(tf.Module):
+    """`translator`'s signature functions behind `BatchFunction` ops (`RequestBatching`), with
+    the same names, inputs and outputs. Each gets a queue of its own, named after the
+    signature and a random id of the export: `BatchFunction` ops of one name share a queue in a
+    process, and would then run each other's requests (greedy ones through beam search, or one
+    model's through another's)."""
+
+    def __init__(self, translator: Translator, batching: RequestBatching):
+        super().__init__()
+        self.translator = translator
+        export_id = uuid.uuid4().hex
+        for name, function in zip(SIGNATURES, (translator.__call__, translator.translate_greedy,
+                                               translator.translate_beam,
+                                               translator.translate_nbest)):
+            setattr(self, "__call__" if name == "serving_default" else name,
+                    _batched(function.get_concrete_function(), batching,
+                             f"keras_transformer_{export_id}_{name}"))
+
+    def signatures(self) -> dict:
+        return {"serving_default": self.__call__.get_concrete_function(),
+                **{name: getattr(self, name).get_concrete_function() for name in SIGNATURES[1:]}}
+
+
+def _batched(function, batching: RequestBatching, queue: str):
+    """A tf.function with `function`'s signature (string [batch] -> {key: [batch, ...]}) that
+    runs it through a `BatchFunction` op with the queue `queue`."""
+    @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
+    def batched(source):
+        outputs = tf.raw_ops.BatchFunction(
+            in_tensors=[source], captured_tensors=function.captured_inputs, f=function,
+            num_batch_threads=batching.num_batch_threads,
+            # With splitting, max_batch_size bounds a call and the largest allowed size a
+            # batch; every smaller size is allowed, so that no batch is padded.
+            max_batch_size=batching.max_batch_size * batching.max_enqueued_batches,
+            allowed_batch_sizes=list(range(1, batching.max_batch_size + 1)),
+            enable_large_batch_splitting=True, batch_timeout_micros=0,
+            max_enqueued_batches=batching.max_enqueued_batches, shared_name=queue,
+            Tout=[output.dtype for output in function.outputs])
+        return tf.nest.pack_sequence_as(function.structured_outputs, outputs)
+
+    return batched
+
+
 def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
                       warmup_sentences: Sequence[str] | None = WARMUP_SENTENCES,
-                      provenance: dict | None = None) -> Path:
+                      provenance: dict | None = None,
+                      batching: RequestBatching | None = None) -> Path:
     """Writes `translator` as a SavedModel at `export_dir` (which must not exist).
 
     The SavedModel holds the signatures listed in the module docstring, the tokenizer files as
@@ -45,7 +116,8 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
     and renamed at the end, so that TF Serving, which watches the parent folder, never sees a
     half-written version. The weights are exported frozen (`Translator(frozen_weights=True)`):
     in the layout the decoding reads, prepared once here rather than at every request, and
-    without a compiled model's optimizer state.
+    without a compiled model's optimizer state. With `batching`, concurrent calls of a signature
+    are decoded together (`RequestBatching`).
 
     Returns:
         the export folder.
@@ -62,10 +134,13 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
     partial = export_dir.with_name(f".{export_dir.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     export_dir.parent.mkdir(parents=True, exist_ok=True)
-    tf.saved_model.save(translator, str(partial), signatures=translator.signatures())
+    module = translator if batching is None else BatchingTranslator(translator, batching)
+    tf.saved_model.save(module, str(partial), signatures=module.signatures())
     if warmup_sentences is not None:
         write_warmup_requests(partial, warmup_sentences, model_name=export_dir.parent.name)
-    record = {**translator_provenance(translator), "format": "savedmodel", **(provenance or {})}
+    record = {**translator_provenance(translator), "format": "savedmodel",
+              "request_batching": None if batching is None else dataclasses.asdict(batching),
+              **(provenance or {})}
     write_provenance(partial / "assets.extra", record)
     os.replace(partial, export_dir)
     return export_dir
@@ -175,10 +250,11 @@ def next_version(model_root: str | os.PathLike) -> int:
 
 def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
                version: int | None = None, format: str = "savedmodel",
-               quantization: str = "float32", **translator_args) -> Path:
+               quantization: str = "float32", batching: RequestBatching | None = None,
+               **translator_args) -> Path:
     """Exports a training run: a SavedModel to `model_root/<version>/` (default: the next free
-    version), or with `format="ctranslate2"` a CTranslate2 model folder at `model_root` itself
-    (`quantization` float32, int8, bfloat16, ...).
+    version; `batching`: see `RequestBatching`), or with `format="ctranslate2"` a CTranslate2
+    model folder at `model_root` itself (`quantization` float32, int8, bfloat16, ...).
 
     `translator_args` go to `translator_from_run` (weights, beam_size, alpha, jit_compile).
     A `model_root` that cannot be written, or an existing version, is refused before the model
@@ -189,6 +265,9 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
     if version is not None and version < 1:
         raise ConfigError(f"--version {version}: TF Serving versions are positive integers")
     if format == "ctranslate2":
+        if batching is not None:
+            raise ConfigError("--batching is for SavedModel exports; CTranslate2 batches the "
+                              "sentences of one call")
         return _export_run_ctranslate2(run_dir, model_root, quantization, **translator_args)
     if quantization != "float32":
         raise ConfigError(f"--quantization {quantization} is for --format ctranslate2; a "
@@ -200,7 +279,7 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
     translator = translator_from_run(run_dir, **translator_args)
     version = next_version(model_root) if version is None else version
     return export_translator(
-        translator, Path(model_root) / str(version),
+        translator, Path(model_root) / str(version), batching=batching,
         provenance=run_provenance(run_dir, translator_args.get("weights", "best")))
 
 

@@ -73,3 +73,35 @@ def test_a_model_folder_that_is_no_export_is_one_line(serve_load, multi30k_dir, 
     assert str(exit_info.value.code) == (f"serve_load.py: {tmp_path} is not a SavedModel (no "
                                          "saved_model.pb): pass a version folder such as "
                                          "saved_models/NAME/1")
+
+
+def test_same_answer_compares_scores_bitwise_or_to_rounding(serve_load):
+    reference = answer([b"Hello", b""], [-1.5, 0.0])
+    close = answer([b"Hello", b""], [-1.5000001, 0.0])
+    assert not serve_load.same_answer(close, reference)
+    assert serve_load.same_answer(close, reference, exact_scores=False)
+    assert not serve_load.same_answer(answer([b"Hello", b""], [-1.51, 0.0]), reference,
+                                      exact_scores=False)
+    assert not serve_load.same_answer(answer([b"Hallo", b""], [-1.5, 0.0]), reference,
+                                      exact_scores=False)
+
+
+def test_one_sentence_requests_to_a_batching_export(serve_load, random_translation_model,
+                                                    multi30k_dir, tmp_path, capsys):
+    """Concurrent requests decoded together: the same translations, scores to rounding."""
+    from keras_transformer.config import DecodeConfig
+    from keras_transformer.export import RequestBatching, export_translator
+    from keras_transformer.translator import Translator
+
+    model, tokenizer = random_translation_model
+    translator = Translator(model, tokenizer, tokenizer,
+                            DecodeConfig(beam_size=2, max_extra_length=8))
+    export = export_translator(translator, tmp_path / "batching" / "1", warmup_sentences=None,
+                               batching=RequestBatching(num_batch_threads=2))
+    code = serve_load.main(["--model", str(export), "--data-dir", str(multi30k_dir),
+                            "--clients", "6", "--seconds", "3", "--requests", "12",
+                            "--max-batch", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "request batching" in out and "serve_load: OK" in out
+    assert "errors 0, answers unlike the single-client ones 0" in out
