@@ -62,9 +62,9 @@ class RequestBatching:
 class BatchingTranslator(tf.Module):
     """`translator`'s signature functions behind `BatchFunction` ops (`RequestBatching`), with
     the same names, inputs and outputs. Each gets a queue of its own, named after the
-    signature and a random id of the export: `BatchFunction` ops of one name share a queue in a
-    process, and would then run each other's requests (greedy ones through beam search, or one
-    model's through another's)."""
+    signature and a random id of the export: `BatchFunction` ops of one name can share a queue
+    in a process and then run each other's requests (without names, the export's greedy
+    requests went through beam search); the id keeps two exports in one server apart too."""
 
     def __init__(self, translator: Translator, batching: RequestBatching):
         super().__init__()
@@ -78,6 +78,7 @@ class BatchingTranslator(tf.Module):
                              f"keras_transformer_{export_id}_{name}"))
 
     def signatures(self) -> dict:
+        """The concrete functions to export, keyed by signature name, as `Translator`'s."""
         return {"serving_default": self.__call__.get_concrete_function(),
                 **{name: getattr(self, name).get_concrete_function() for name in SIGNATURES[1:]}}
 
