@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: seeded random tiny Transformers, benchmark scripts as modules."""
+"""Helpers shared by the tests: seeded random tiny Transformers, benchmark scripts as modules,
+the ops of a SavedModel."""
 
 import importlib.util
 import sys
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
 from keras_transformer.config import REPO_ROOT, ExperimentConfig
 
@@ -80,3 +82,15 @@ def snapshot(folder: Path) -> dict:
     """{path: (mtime, bytes)} of every file and folder under `folder`."""
     return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.is_file() and p.read_bytes())
             for p in sorted(folder.rglob("*"))}
+
+
+def graph_ops(export_dir) -> set:
+    """Every op type in the SavedModel's graph and in every function of its library."""
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((export_dir / "saved_model.pb").read_bytes())
+    ops = set()
+    for meta_graph in proto.meta_graphs:
+        ops.update(node.op for node in meta_graph.graph_def.node)
+        for function in meta_graph.graph_def.library.function:
+            ops.update(node.op for node in function.node_def)
+    return ops

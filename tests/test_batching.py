@@ -15,7 +15,7 @@ from keras_transformer.config import ConfigError, DecodeConfig
 from keras_transformer.export import (RequestBatching, export_translator, load_translator,
                                       read_provenance)
 from keras_transformer.translator import SIGNATURES, Translator
-from helpers import seeded_tiny_model
+from helpers import graph_ops, seeded_tiny_model
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "", "Hallo",
              "Eine Frau liest ein Buch im Park.", "\u200b", "Kinder laufen über die Straße!",
@@ -57,8 +57,6 @@ def assert_same_answers(got: dict, want: dict, label: str):
 
 def test_the_export_batches_every_signature_and_says_so(exports):
     (plain_dir, _), (batching_dir, _) = exports
-    from test_export import graph_ops
-
     assert "BatchFunction" in graph_ops(batching_dir)
     assert "BatchFunction" not in graph_ops(plain_dir)
     assert read_provenance(batching_dir)["request_batching"] == dataclasses.asdict(BATCHING)

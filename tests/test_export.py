@@ -12,7 +12,6 @@ from contextlib import redirect_stderr, redirect_stdout
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.core.protobuf import saved_model_pb2
 
 from keras_transformer import cli
 from keras_transformer.config import DecodeConfig, ExperimentConfig
@@ -21,6 +20,7 @@ from keras_transformer.tokenizers import SERVING_TF_TEXT_OPS
 from keras_transformer.export import WARMUP_FILE, export_translator, load_translator
 from keras_transformer.model import Transformer
 from keras_transformer.translator import SIGNATURE_INPUT, SIGNATURES, Translator
+from helpers import graph_ops
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "", "  ", "Zwei Hunde spielen im Schnee.",
              " ".join(["Wort"] * 2000), "漢字 ☃ 🙂", "Hallo", "Ein Mann\tfährt\tFahrrad.",
@@ -94,18 +94,6 @@ def export_dir(translator, tmp_path_factory):
     exporting = Translator(compiled, translator.source_tokenizer, translator.target_tokenizer,
                            translator.decode_config)
     return export_translator(exporting, tmp_path_factory.mktemp("saved_models") / "demo" / "1")
-
-
-def graph_ops(export_dir) -> set:
-    """Every op type in the SavedModel's graph and in every function of its library."""
-    proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString((export_dir / "saved_model.pb").read_bytes())
-    ops = set()
-    for meta_graph in proto.meta_graphs:
-        ops.update(node.op for node in meta_graph.graph_def.node)
-        for function in meta_graph.graph_def.library.function:
-            ops.update(node.op for node in function.node_def)
-    return ops
 
 
 def assert_same_outputs(actual: dict, expected: dict, name: str):
