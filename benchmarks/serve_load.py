@@ -164,9 +164,16 @@ def reference_answers(signatures: Mapping[str, Signature],
 
 def insane_answers(requests: Sequence[Sequence[str]], references: Mapping) -> list[str]:
     """What is wrong with the reference answers: a wrong count, a non-finite score, a
-    translation that is not UTF-8, or a source without words not answered "" with score 0."""
+    translation that is not UTF-8, or a source without words (nothing left after
+    `tokenizers.normalize_text`: whitespace, invisible characters) not answered "" with score 0."""
     import numpy as np
+    import tensorflow as tf
 
+    from keras_transformer.tokenizers import normalize_text
+
+    sources = sorted({source for request in requests for source in request})
+    normalized = normalize_text(tf.constant(sources, tf.string)).numpy() if sources else []
+    no_words = {source for source, text in zip(sources, normalized) if not text}
     problems = []
     for (name, index), (translations, score_bytes) in references.items():
         scores = np.frombuffer(score_bytes, np.float32)
@@ -182,7 +189,7 @@ def insane_answers(requests: Sequence[Sequence[str]], references: Mapping) -> li
                 problems.append(f"{name}: translation of {source[:40]!r} is not UTF-8")
             if not math.isfinite(score):
                 problems.append(f"{name}: score {score} for {source[:40]!r}")
-            if not source.split() and (text, float(score)) != (b"", 0.0):
+            if source in no_words and (text, float(score)) != (b"", 0.0):
                 problems.append(f"{name}: {source!r} gave {text!r} with score {score}")
     return problems
 

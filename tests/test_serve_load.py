@@ -65,6 +65,11 @@ def test_errors_wrong_answers_and_memory_growth_fail(serve_load):
     insane = {("a", 0): answer([b"Hello", b"Hallucinated"], [-1.5, -2.0]),
               ("a", 1): answer([b"\xff"], [float("nan")])}
     assert len(serve_load.insane_answers(requests, insane)) == 3
+    invisible = [["\u200b\x00", "Hallo"]]
+    assert len(serve_load.insane_answers(
+        invisible, {("a", 0): answer([b"Hallucinated", b"Hello"], [-2.0, -1.5])})) == 1
+    assert serve_load.insane_answers(
+        invisible, {("a", 0): answer([b"", b"Hello"], [0.0, -1.5])}) == []
 
 
 def test_a_model_folder_that_is_no_export_is_one_line(serve_load, multi30k_dir, tmp_path):
