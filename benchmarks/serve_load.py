@@ -6,9 +6,10 @@
 One process loads the SavedModel once, as a model server would. A pool of `--requests` requests
 of 1 to `--max-batch` sentences is drawn from Multi30k test_2016_flickr ($KERAS_TRANSFORMER_DATA)
 mixed with bad inputs (`BAD_INPUTS`: empty, whitespace-only, tabs, a 400-word sentence, U+FFFD,
-emoji, a lone "."). Every request is first sent once to `serving_default` and once to
-`translate_greedy` by a single client, in sequence: those are the reference answers, which must
-be sane (finite scores, valid UTF-8, "" with score 0 for a source without words). Then `--clients`
+emoji, a lone ".", a byte-order mark, invisible characters only, a decomposed umlaut). Every
+request is first sent once to `serving_default` and once to `translate_greedy` by a single
+client, in sequence: those are the reference answers, which must be sane (finite scores, valid
+UTF-8, "" with score 0 for a source without words). Then `--clients`
 threads send requests from the pool to both signatures, for `--seconds` or `--max-requests`
 requests, whichever comes first (after a short concurrent warm-up).
 
