@@ -70,12 +70,9 @@ class BatchingTranslator(tf.Module):
         super().__init__()
         self.translator = translator
         export_id = uuid.uuid4().hex
-        for name, function in zip(SIGNATURES, (translator.__call__, translator.translate_greedy,
-                                               translator.translate_beam,
-                                               translator.translate_nbest)):
+        for name, function in translator.signatures().items():
             setattr(self, "__call__" if name == "serving_default" else name,
-                    _batched(function.get_concrete_function(), batching,
-                             f"keras_transformer_{export_id}_{name}"))
+                    _batched(function, batching, f"keras_transformer_{export_id}_{name}"))
 
     def signatures(self) -> dict:
         """The concrete functions to export, keyed by signature name, as `Translator`'s."""
