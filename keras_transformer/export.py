@@ -72,12 +72,13 @@ class BatchingTranslator(tf.Module):
         export_id = uuid.uuid4().hex
         for name, function in translator.signatures().items():
             setattr(self, "__call__" if name == "serving_default" else name,
-                    _batched(function, batching, f"keras_transformer_{export_id}_{name}"))
+                    _batched(function.get_concrete_function(), batching,
+                             f"keras_transformer_{export_id}_{name}"))
 
     def signatures(self) -> dict:
-        """The concrete functions to export, keyed by signature name, as `Translator`'s."""
-        return {"serving_default": self.__call__.get_concrete_function(),
-                **{name: getattr(self, name).get_concrete_function() for name in SIGNATURES[1:]}}
+        """The tf.functions to export, keyed by signature name, as `Translator`'s."""
+        return {"serving_default": self.__call__,
+                **{name: getattr(self, name) for name in SIGNATURES[1:]}}
 
 
 def _batched(function, batching: RequestBatching, queue: str):

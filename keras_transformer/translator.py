@@ -121,11 +121,12 @@ class Translator(tf.Module):
         else:
             self.model_variables = [w.value for w in model.weights]
         # The searches are explicit tf.while_loops: autograph would only convert (slowly, the
-        # first time in a process) the model code they call.
-        self._greedy_ids = tf.function(self._greedy_search, jit_compile=jit_compile,
-                                       autograph=False)
-        self._beam_ids = tf.function(self._beam_search, jit_compile=jit_compile,
-                                     autograph=False)
+        # first time in a process) the model code they call. Kept out of sight of
+        # tf.saved_model.save (a plain dict, not an attribute of type tf.function): it would
+        # trace each search again outside the signatures' graphs and store the copies.
+        object.__setattr__(self, "_searches", {
+            "greedy": tf.function(self._greedy_search, jit_compile=jit_compile, autograph=False),
+            "beam": tf.function(self._beam_search, jit_compile=jit_compile, autograph=False)})
 
     @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
     def __call__(self, source):
@@ -156,11 +157,12 @@ class Translator(tf.Module):
         return self._translate_words(source, self._nbest_rows, nothing)
 
     def signatures(self) -> dict:
-        """The concrete functions to export, keyed by signature name (see the module docstring)."""
-        return {"serving_default": self.__call__.get_concrete_function(),
-                "translate_greedy": self.translate_greedy.get_concrete_function(),
-                "translate_beam": self.translate_beam.get_concrete_function(),
-                "translate_nbest": self.translate_nbest.get_concrete_function()}
+        """The tf.functions to export, keyed by signature name (see the module docstring).
+
+        Functions, not concrete functions: `tf.saved_model.save` traces them itself, in its save
+        context, and would trace them again if they had been traced outside it."""
+        return {"serving_default": self.__call__, "translate_greedy": self.translate_greedy,
+                "translate_beam": self.translate_beam, "translate_nbest": self.translate_nbest}
 
     def _translate_words(self, source, translate_rows, no_words: dict) -> dict:
         """Normalizes `source` string [batch] (`normalize_text`), runs `translate_rows` on the
@@ -190,6 +192,14 @@ class Translator(tf.Module):
                     [decoded, skipped],
                     [outputs[key], tf.repeat(row[None], tf.size(skipped), axis=0)])
                 for key, row in no_words.items()}
+
+    def _greedy_ids(self, source_ids, length_caps, max_decode_length):
+        """`_greedy_search` as a tf.function (compiled with XLA under `jit_compile`)."""
+        return self._searches["greedy"](source_ids, length_caps, max_decode_length)
+
+    def _beam_ids(self, source_ids, length_caps, max_decode_length, num_hypotheses):
+        """`_beam_search` as a tf.function (compiled with XLA under `jit_compile`)."""
+        return self._searches["beam"](source_ids, length_caps, max_decode_length, num_hypotheses)
 
     def _greedy_rows(self, source):
         """string [n] -> {"translation": string [n], "score": float32 [n]} by greedy search."""

@@ -12,6 +12,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
 from keras_transformer import cli
 from keras_transformer.config import DecodeConfig, ExperimentConfig
@@ -145,6 +146,18 @@ def test_signatures_and_assets(export_dir):
         spec = signature.structured_input_signature[1][SIGNATURE_INPUT]
         assert spec.shape.as_list() == [None] and spec.dtype == tf.string
     assert (export_dir / "assets" / "sentencepiece.model").is_file()
+
+
+def test_each_search_is_stored_once(export_dir):
+    """Three decoding loops in the graph: greedy, beam search's best and its n-best. Signatures
+    traced before `tf.saved_model.save`, or the searches as tracked tf.functions, made the save
+    trace them again and store copies (seven loops, twice the graph, twice the load time)."""
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((export_dir / "saved_model.pb").read_bytes())
+    [meta_graph] = proto.meta_graphs
+    loops = [f.signature.name for f in meta_graph.graph_def.library.function
+             if f.signature.name.startswith("while_body_")]
+    assert len(loops) == 3, loops
 
 
 def test_exported_signatures_skip_sources_without_words_and_normalize_them(export_dir):
