@@ -68,7 +68,12 @@ class BatchingTranslator(tf.Module):
 
     def __init__(self, translator: Translator, batching: RequestBatching):
         super().__init__()
-        self.translator = translator
+        # What the batched functions capture is tracked, not the translator: the save would
+        # trace its signature functions again and store them beside the batched ones.
+        object.__setattr__(self, "translator", translator)
+        self.source_tokenizer = translator.source_tokenizer
+        self.target_tokenizer = translator.target_tokenizer
+        self.translator_variables = list(translator.variables)
         export_id = uuid.uuid4().hex
         for name, function in translator.signatures().items():
             setattr(self, "__call__" if name == "serving_default" else name,

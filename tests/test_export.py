@@ -12,7 +12,6 @@ from contextlib import redirect_stderr, redirect_stdout
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.core.protobuf import saved_model_pb2
 
 from keras_transformer import cli
 from keras_transformer.config import DecodeConfig, ExperimentConfig
@@ -21,7 +20,7 @@ from keras_transformer.tokenizers import SERVING_TF_TEXT_OPS
 from keras_transformer.export import WARMUP_FILE, export_translator, load_translator
 from keras_transformer.model import Transformer
 from keras_transformer.translator import SIGNATURE_INPUT, SIGNATURES, Translator
-from helpers import graph_ops
+from helpers import graph_ops, while_loop_bodies
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "", "  ", "Zwei Hunde spielen im Schnee.",
              " ".join(["Wort"] * 2000), "漢字 ☃ 🙂", "Hallo", "Ein Mann\tfährt\tFahrrad.",
@@ -152,12 +151,7 @@ def test_each_search_is_stored_once(export_dir):
     """Three decoding loops in the graph: greedy, beam search's best and its n-best. Signatures
     traced before `tf.saved_model.save`, or the searches as tracked tf.functions, made the save
     trace them again and store copies (seven loops, twice the graph, twice the load time)."""
-    proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString((export_dir / "saved_model.pb").read_bytes())
-    [meta_graph] = proto.meta_graphs
-    loops = [f.signature.name for f in meta_graph.graph_def.library.function
-             if f.signature.name.startswith("while_body_")]
-    assert len(loops) == 3, loops
+    assert len(while_loop_bodies(export_dir)) == 3, while_loop_bodies(export_dir)
 
 
 def test_exported_signatures_skip_sources_without_words_and_normalize_them(export_dir):
