@@ -167,13 +167,18 @@ class DataConfig:
         return self.sp_nbest_size not in (0, 1)
 
     def resolved_data_dir(self) -> Path:
-        """The local data folder: `data_dir`, else $KERAS_TRANSFORMER_DATA (an error if neither)."""
+        """The local data folder: `data_dir`, else $KERAS_TRANSFORMER_DATA (an error if neither,
+        or if it is not a folder)."""
         path = self.data_dir or os.environ.get(DATA_ENV)
         if not path:
             raise ConfigError(
                 f"no local data folder: set data.data_dir or the {DATA_ENV} environment variable "
                 "to a folder holding {split}.{lang}.gz files (e.g. ../shared/data/multi30k)")
-        return Path(path).expanduser()
+        folder = Path(path).expanduser()
+        if not folder.is_dir():
+            setting = f"data.data_dir={self.data_dir}" if self.data_dir else f"{DATA_ENV}={path}"
+            raise ConfigError(f"{setting}: no such folder")
+        return folder
 
 
 @dataclasses.dataclass

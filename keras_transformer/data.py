@@ -41,7 +41,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_transformer.compat import without_autotuning
-from keras_transformer.config import ConfigError, DataConfig
+from keras_transformer.config import DATA_ENV, ConfigError, DataConfig
 from keras_transformer.text_io import (  # noqa: F401  (DataError: re-exported)
     DataError, first_line, read_parallel_lines)
 from keras_transformer.tokenizers import (UNK_ID, Tokenizer, build_tokenizers,
@@ -119,10 +119,11 @@ def _tfds_data_dir(data_config: DataConfig):
 
 
 def _local_dir_or_none(data_config: DataConfig) -> str | None:
-    try:
-        return str(data_config.resolved_data_dir())
-    except ConfigError:
+    """The local folder tfds prepares from, None if none is set (tfds then downloads); a set
+    folder that does not exist is an error even when tfds has the dataset prepared already."""
+    if not (data_config.data_dir or os.environ.get(DATA_ENV)):
         return None
+    return str(data_config.resolved_data_dir())
 
 
 def _load_multi30k(data_config: DataConfig, split: str) -> tf.data.Dataset:

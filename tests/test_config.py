@@ -187,12 +187,19 @@ def test_missing_config_file_is_named(tmp_path):
         ExperimentConfig.from_yaml(tmp_path / "nope.yaml")
 
 
-def test_data_dir_error_names_the_variable(monkeypatch):
+def test_data_dir_error_names_the_variable(monkeypatch, tmp_path):
     monkeypatch.delenv("KERAS_TRANSFORMER_DATA", raising=False)
     with pytest.raises(ConfigError, match="KERAS_TRANSFORMER_DATA"):
         DataConfig().resolved_data_dir()
-    monkeypatch.setenv("KERAS_TRANSFORMER_DATA", "/data/m30k")
-    assert str(DataConfig().resolved_data_dir()) == "/data/m30k"
+    monkeypatch.setenv("KERAS_TRANSFORMER_DATA", str(tmp_path))
+    assert DataConfig().resolved_data_dir() == tmp_path
+    (tmp_path / "m").mkdir()
+    assert DataConfig(data_dir=str(tmp_path / "m")).resolved_data_dir() == tmp_path / "m"
+    with pytest.raises(ConfigError, match=r"^data.data_dir=/nonexistent/m30k: no such folder$"):
+        DataConfig(data_dir="/nonexistent/m30k").resolved_data_dir()
+    monkeypatch.setenv("KERAS_TRANSFORMER_DATA", "/nonexistent/m30k")
+    with pytest.raises(ConfigError, match=r"^KERAS_TRANSFORMER_DATA=/nonexistent/m30k: no such "):
+        DataConfig().resolved_data_dir()
 
 
 def test_ints_are_accepted_for_floats_but_bools_are_not_ints(tmp_path):

@@ -182,6 +182,10 @@ def test_multi30k_builder_from_local_folder(multi30k_dir, tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match=r"^split 'nope' of data.dataset='multi30k': Unknown "
                                           r"split 'nope'"):
         load_pairs(config, "nope")
+    # Prepared already, but a folder that is not there is named, not ignored.
+    config.data_dir = str(tmp_path / "missing")
+    with pytest.raises(ConfigError, match=rf"^data.data_dir={tmp_path}/missing: no such folder$"):
+        load_pairs(config, "validation")
 
 
 def test_multi30k_builder_downloads_from_its_url(multi30k_dir, tmp_path, monkeypatch):
