@@ -126,6 +126,15 @@ def _local_dir_or_none(data_config: DataConfig) -> str | None:
     return str(data_config.resolved_data_dir())
 
 
+def check_data_folder(data_config: DataConfig) -> None:
+    """Raises ConfigError if the local folder that `data_config` reads is missing: the
+    "files" dataset's, or the folder tfds prepares "multi30k" from when one is set."""
+    if data_config.dataset == "files":
+        data_config.resolved_data_dir()
+    elif data_config.dataset == "multi30k":
+        _local_dir_or_none(data_config)
+
+
 def _load_multi30k(data_config: DataConfig, split: str) -> tf.data.Dataset:
     from keras_transformer import multi30k  # noqa: F401  (registers the "multi30k" tfds builder)
 

@@ -321,6 +321,7 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     is saved as `output_dir/config.yaml`. `verbose` is `model.fit`'s: 1 a progress bar, 2 one
     line per epoch.
     """
+    data_lib.check_data_folder(config.data)  # before the run folder is made
     created = not os.path.exists(output_dir)
     run = Run.create(config, output_dir, overwrite=overwrite)
     finished = run.finished(config)
