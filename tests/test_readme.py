@@ -69,7 +69,8 @@ def test_the_runner_trains_translates_and_exports(in_empty_folder, capsys):
                                     "model.preset=tiny", "data.vocab_size=1000",
                                     "data.vocab_sample_sentences=4000",
                                     "data.shuffle_buffer=1000",
-                                    "train.validation_bleu_sentences=8"]),
+                                    "train.validation_bleu_sentences=8",
+                                    "decode.max_extra_length=8"]),
     })
     scope = {}
     exec(compile(code, "README.md (From Python, second example)", "exec"), scope)
