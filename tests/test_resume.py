@@ -3,6 +3,7 @@ ends with the weights of the uninterrupted run, a larger train.epochs extends a 
 if it had never stopped, a damaged checkpoint is named and training goes on from the one before,
 and the training stream restarts at the batch where it stopped."""
 
+import functools
 import hashlib
 import json
 import os
@@ -160,6 +161,7 @@ def test_the_training_stream_order_depends_on_its_seed_alone(sentencepiece_vocab
     (`train.seed`, set by training, may be 0, which once failed tracing the shuffle)."""
     config = multi30k_config(tokens_per_batch=1024, max_pair_length=32)
 
+    @functools.cache  # each (global seed, seed) built once
     def first_batches(global_seed, seed):
         tf.random.set_seed(global_seed)  # clears the kernel cache: tokenizers are loaded after
         stream = data_lib.TrainingStream(data_lib.load_pairs(config, "train").take(500),
