@@ -3,7 +3,6 @@ run, checkpoint averaging, mixed precision, gradient accumulation, and errors fo
 Resuming and extending runs: test_resume.py."""
 
 import dataclasses
-import os
 import warnings
 
 import keras
