@@ -1,5 +1,6 @@
-"""The arithmetic of `benchmarks/train.py`: the FLOP count behind its MFU figures and the
-token-matched schedule behind its equal-token quality check."""
+"""The arithmetic of the benchmark scripts: `benchmarks/train.py`'s FLOP count behind its MFU
+figures and token-matched schedule behind its equal-token quality check, `benchmarks/decode.py`'s
+helpers, and `benchmarks/export.py`'s medians."""
 
 import numpy as np
 import pytest
@@ -253,3 +254,26 @@ def test_decode_reports_what_ctranslate2_chose_and_the_override(decode_bench,
     assert choices["ISA"] == "AVX"
     assert choices["CT2_FORCE_CPU_ISA"] == "AVX" and choices["CT2_USE_MKL"] == "unset"
     assert choices["float32 GEMM"] and choices["int8 GEMM"]
+
+
+# ----------------------------------------------------------------------------- export.py
+
+def export_repeat(export_seconds, load_seconds, loops=3, translation="A man."):
+    return {"export_seconds": export_seconds, "saved_model_bytes": 1_835_312,
+            "while_loops": loops, "load_seconds": load_seconds, "first_call_seconds": 1.0,
+            "translation": translation}
+
+
+def test_export_benchmark_gives_medians_and_refuses_repeats_that_disagree(tmp_path):
+    export = load_benchmark("export")
+    summary = export.summarize([export_repeat(9.0, 2.0), export_repeat(12.0, 1.5),
+                                export_repeat(10.0, 2.5)])
+    assert (summary["export_seconds"], summary["load_seconds"]) == (10.0, 2.0)
+    assert (summary["while_loops"], summary["translation"]) == (3, "A man.")
+    assert export.format_repeat(summary) == (
+        "export 10.00 s, saved_model.pb 1.84 MB, 3 decoding loops, load 2.00 s, first call "
+        "1.00 s: 'A man.'")
+    with pytest.raises(ValueError, match=r"while_loops differs between repeats: \[3, 7\]"):
+        export.summarize([export_repeat(9.0, 2.0), export_repeat(9.0, 2.0, loops=7)])
+    with pytest.raises(SystemExit):
+        export.parse_args(["--run", str(tmp_path)])  # no config.yaml: not a run
