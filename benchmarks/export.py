@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -33,12 +34,13 @@ SENTENCE = "Ein Mann fährt Fahrrad."
 FIGURES = ("export_seconds", "load_seconds", "first_call_seconds")
 
 
-def while_loop_count(export_dir: Path) -> int:
-    """The `tf.while_loop` bodies in the SavedModel's function library."""
+def while_loop_count(export_dir: str | os.PathLike) -> int:
+    """The `tf.while_loop` bodies in the SavedModel's function library (also what the export
+    tests count)."""
     from tensorflow.core.protobuf import saved_model_pb2
 
     proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString((export_dir / "saved_model.pb").read_bytes())
+    proto.ParseFromString((Path(export_dir) / "saved_model.pb").read_bytes())
     return sum(function.signature.name.startswith("while_body_")
                for meta_graph in proto.meta_graphs
                for function in meta_graph.graph_def.library.function)

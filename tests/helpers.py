@@ -84,24 +84,13 @@ def snapshot(folder: Path) -> dict:
             for p in sorted(folder.rglob("*"))}
 
 
-def _meta_graphs(export_dir) -> list:
-    proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString((Path(export_dir) / "saved_model.pb").read_bytes())
-    return list(proto.meta_graphs)
-
-
 def graph_ops(export_dir) -> set:
     """Every op type in the SavedModel's graph and in every function of its library."""
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((export_dir / "saved_model.pb").read_bytes())
     ops = set()
-    for meta_graph in _meta_graphs(export_dir):
+    for meta_graph in proto.meta_graphs:
         ops.update(node.op for node in meta_graph.graph_def.node)
         for function in meta_graph.graph_def.library.function:
             ops.update(node.op for node in function.node_def)
     return ops
-
-
-def while_loop_bodies(export_dir) -> list:
-    """The names of the SavedModel's `tf.while_loop` body functions."""
-    return [function.signature.name for meta_graph in _meta_graphs(export_dir)
-            for function in meta_graph.graph_def.library.function
-            if function.signature.name.startswith("while_body_")]
