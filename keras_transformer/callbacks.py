@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 
 from keras_transformer.config import ExperimentConfig
 from keras_transformer.evaluation import score
@@ -21,6 +22,9 @@ from keras_transformer.runs import Run
 from keras_transformer.translator import Translator, translate_texts
 
 logger = logging.getLogger(__name__)
+
+_CELL = 0.2  # inches a piece in the attention figure (20 pixels)
+_LABEL_POINTS = 8  # its pieces' font size
 
 
 class TokensPerSecond(keras.callbacks.Callback):
@@ -278,8 +282,9 @@ def _pieces(tokenizer, ids) -> list[str]:
 def attention_figure(weights: np.ndarray, source_pieces: list[str],
                      output_pieces: list[str]) -> Figure:
     """Attention `weights` `[heads, output_len, source_len]` drawn as the tf.text tutorial's
-    attention plot: one panel per head (four to a row), the source pieces along the x axis, the
-    output pieces along the y axis, on one color scale with a color bar.
+    attention plot: one panel per head (four to a row), the source pieces along the x axis of
+    every panel, the output pieces along the y axis of each row's first panel, on one color
+    scale with a color bar.
 
     `output_pieces[i]` is the piece the decoder produced while attending with row i (so it
     starts with the first piece after START and ends with END).
@@ -290,18 +295,40 @@ def attention_figure(weights: np.ndarray, source_pieces: list[str],
                          f"and {len(source_pieces)} source pieces")
     per_row = min(heads, 4)
     panel_rows = -(-heads // per_row)
-    # Inches per panel: a fifth of an inch a piece (20 pixels), plus room for the labels.
-    width, height = 0.2 * columns + 1.2, 0.2 * rows + 1.2
-    figure = Figure(figsize=(per_row * width + 0.8, panel_rows * height), layout="constrained")
-    panels = figure.subplots(panel_rows, per_row, squeeze=False).ravel()
-    for head, axes in enumerate(panels[:heads]):
-        image = axes.matshow(weights[head], vmin=0.0, vmax=max(float(weights.max()), 1e-9))
-        axes.set_xticks(range(columns), source_pieces, rotation=90, fontsize=8)
-        axes.set_yticks(range(rows), output_pieces, fontsize=8)
+    figure = Figure()
+    # The margins are the widest labels, measured once: a layout engine (constrained or tight)
+    # measures every label of every panel at each draw, and took most of the drawing time.
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    font = FontProperties(size=_LABEL_POINTS)
+
+    def widest(pieces):  # inches
+        return max((renderer.get_text_width_height_descent(piece, font, ismath=False)[0]
+                    for piece in pieces), default=0.0) / figure.dpi
+
+    tick = 0.12  # a tick and its padding
+    panel_width, panel_height = _CELL * columns, _CELL * rows
+    left, gap, bar = widest(output_pieces) + tick + 0.1, 0.25, 1.1
+    above, below = widest(source_pieces) + tick + 0.05, 0.35  # pieces above, "Head n" below
+    width = left + per_row * panel_width + (per_row - 1) * gap + bar
+    height = panel_rows * (above + panel_height + below)
+    figure.set_size_inches(width, height)
+    vmax = max(float(weights.max()), 1e-9)
+    for head in range(heads):
+        row, column = divmod(head, per_row)
+        x = left + column * (panel_width + gap)
+        y = height - (row + 1) * (above + panel_height) - row * below
+        axes = figure.add_axes((x / width, y / height, panel_width / width,
+                                panel_height / height))
+        image = axes.matshow(weights[head], vmin=0.0, vmax=vmax, aspect="auto")
+        axes.set_xticks(range(columns), source_pieces, rotation=90, fontsize=_LABEL_POINTS)
+        if column == 0:
+            axes.set_yticks(range(rows), output_pieces, fontsize=_LABEL_POINTS)
+        else:
+            axes.set_yticks([])
         axes.set_xlabel(f"Head {head + 1}")
-    for axes in panels[heads:]:
-        axes.set_axis_off()
-    figure.colorbar(image, ax=panels.tolist(), shrink=0.8, label="attention weight")
+    bar_axes = figure.add_axes(((width - bar + 0.2) / width, 0.1, 0.15 / width, 0.8),
+                               label="<colorbar>")
+    figure.colorbar(image, cax=bar_axes, label="attention weight")
     return figure
 
 

@@ -125,15 +125,36 @@ def uniform_attention(heads):
 
 @pytest.mark.parametrize("heads, rows", [(4, 1), (8, 2), (6, 2)])
 def test_attention_figure_has_a_panel_per_head_labelled_with_the_pieces(heads, rows):
+    """The output pieces label the first panel of each row (four to a row), the source pieces
+    every panel."""
     figure = attention_figure(uniform_attention(heads), SOURCE, OUTPUT)
     panels = [axes for axes in figure.axes if axes.get_label() != "<colorbar>"]
-    shown = [axes for axes in panels if axes.axison]
-    assert len(shown) == heads and len(panels) == rows * 4
-    for head, axes in enumerate(shown):
+    assert len(panels) == heads and len(figure.axes) == heads + 1
+    assert len({round(axes.get_position().y0, 6) for axes in panels}) == rows
+    for head, axes in enumerate(panels):
         assert axes.get_xlabel() == f"Head {head + 1}"
         assert [label.get_text() for label in axes.get_xticklabels()] == SOURCE
-        assert [label.get_text() for label in axes.get_yticklabels()] == OUTPUT
+        labels = [label.get_text() for label in axes.get_yticklabels()]
+        assert labels == (OUTPUT if head % 4 == 0 else [])
         assert axes.images[0].get_array().shape == (len(OUTPUT), len(SOURCE))
+
+
+def test_attention_figure_leaves_room_for_its_longest_pieces():
+    """The margins are measured from the labels: none is cut off at the image's edges or runs
+    into the panel above."""
+    source = ["<s>", "▁Donaudampfschifffahrtsgesellschaft", "▁W", "</s>"]
+    output = ["▁Danube", "▁steamboat", "▁shipping", "▁companyWWWWWWWW", "</s>"]
+    figure = attention_figure(np.full((8, len(output), len(source)), 0.25), source, output)
+    figure_to_image(figure)
+    renderer = figure.canvas.get_renderer()
+    panels = [axes for axes in figure.axes if axes.get_label() != "<colorbar>"]
+    for axes in panels:
+        for label in axes.get_xticklabels() + axes.get_yticklabels() + [axes.xaxis.label]:
+            box = label.get_window_extent(renderer)
+            assert figure.bbox.x0 <= box.x0 and box.x1 <= figure.bbox.x1, label.get_text()
+            assert figure.bbox.y0 <= box.y0 and box.y1 <= figure.bbox.y1, label.get_text()
+            for other in panels:
+                assert not box.overlaps(other.get_window_extent(renderer)), label.get_text()
 
 
 def test_attention_figure_refuses_pieces_that_do_not_fit_the_weights():
