@@ -110,10 +110,12 @@ def run_fit(args) -> dict:
     dtypes = ("float32", "bfloat16")
     # This machine's matmul speed drifts within the hour (experiments/log/2026-11-27.md): the
     # peak is the larger of a measurement before and one after the run, so that MFU errs low.
-    before = {dtype: train_benchmark.measure_matmul_peak(dtype) for dtype in dtypes}
+    def peak(dtype):
+        return train_benchmark.measure_matmul_peak(dtype, repeats=args.peak_repeats)
+
+    before = {dtype: peak(dtype) for dtype in dtypes}
     history = training.train(fit_config(args), args.run_dir, verbose=2, overwrite=True)
-    measured = {dtype: [before[dtype], train_benchmark.measure_matmul_peak(dtype)]
-                for dtype in dtypes}
+    measured = {dtype: [before[dtype], peak(dtype)] for dtype in dtypes}
     peaks = {dtype: max(values) for dtype, values in measured.items()}
     run = Run(args.run_dir)
     rates = steady_rates(step_windows(run.logs_dir / "train_steps"))
@@ -166,9 +168,12 @@ def parse_args(argv=None):
     parser.add_argument("--run-dir", default=str(HERE.parent / "runs" / "fit"),
                         help="the run folder (overwritten)")
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--peak-repeats", type=int, default=20,
+                        help="2048 x 2048 matmuls timed per peak measurement (fewer: quicker, "
+                             "less precise)")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.log_every < 1:
-        parser.error("--steps and --log-every must be at least 1")
+    if args.steps < 1 or args.log_every < 1 or args.peak_repeats < 1:
+        parser.error("--steps, --log-every and --peak-repeats must be at least 1")
     if not Path(args.corpus).is_dir():
         parser.error(f"--corpus {args.corpus}: no such folder")
     return args

@@ -210,7 +210,7 @@ def test_fit_trains_the_experiment_on_a_corpus_and_reads_its_run_back(multi30k_d
                "--corpus", str(corpus), "--steps", "3", "--log-every", "1",
                "--set", "model.preset=tiny", "--set", "data.vocab_size=500",
                "--set", "data.max_pair_length=128", "--set", "data.tokens_per_batch=512",
-               "--set", "train.accumulate_steps=2",
+               "--set", "train.accumulate_steps=2", "--peak-repeats", "2",
                "--run-dir", str(tmp_path / "run"), "--json", str(tmp_path / "fit.json")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -229,6 +229,15 @@ def test_fit_trains_the_experiment_on_a_corpus_and_reads_its_run_back(multi30k_d
     state = json.loads((tmp_path / "run" / "state.json").read_text())
     assert (state["epoch"], state["optimizer_step"]) == (1, 3)  # a real run folder
     assert "wmt14_en_de_big.yaml (wmt14_en_de_big: 2 layers" in result.stdout
+
+
+@pytest.mark.parametrize("option", ["--steps", "--log-every", "--peak-repeats"])
+def test_fit_counts_must_be_positive(fit, tmp_path, capsys, option):
+    with pytest.raises(SystemExit) as raised:
+        fit.parse_args(["--config", "x.yaml", "--corpus", str(tmp_path), option, "0"])
+    assert raised.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--steps, --log-every and --peak-repeats must be at least 1")
 
 
 def test_fit_bad_input_is_one_line_error(tmp_path):
