@@ -22,18 +22,31 @@ class TableStep:
     and `sentence [batch]` gives every sentence of a batch its own function. A search that threads
     or reorders the state wrongly scores sequences differently from `log_probs` below, which
     recomputes everything from the prefix in numpy.
+
+    The tables are variables: `reseed` draws new ones, and a search traced with this object
+    runs on them without tracing again.
     """
 
     buckets = 31  # the prefix hash range
 
     def __init__(self, seed, vocab_size, max_decode_length, scale=2.0):
-        rng = np.random.default_rng(seed)
-        self.max_decode_length = max_decode_length
-        self.token_table = (scale * rng.normal(size=(max_decode_length, vocab_size, vocab_size))).astype(
-            np.float32)
-        self.history_table = (scale * rng.normal(size=(self.buckets, vocab_size))).astype(
-            np.float32)
+        self.max_decode_length, self.vocab_size, self.scale = max_decode_length, vocab_size, scale
         self.multipliers = np.array([7 ** t % self.buckets for t in range(max_decode_length)], np.int32)
+        self._tables = None
+        self.reseed(seed)
+
+    def reseed(self, seed):
+        rng = np.random.default_rng(seed)
+        shape = (self.max_decode_length, self.vocab_size, self.vocab_size)
+        self.token_table = (self.scale * rng.normal(size=shape)).astype(np.float32)
+        self.history_table = (self.scale * rng.normal(size=(self.buckets, self.vocab_size))).astype(
+            np.float32)
+        if self._tables is None:
+            self._tables = (tf.Variable(self.token_table), tf.Variable(self.history_table))
+        else:
+            self._tables[0].assign(self.token_table)
+            self._tables[1].assign(self.history_table)
+        return self
 
     def initial_state(self, batch_size):
         return {"history": tf.zeros([batch_size, self.max_decode_length], tf.int32),
@@ -43,8 +56,9 @@ class TableStep:
         history = state["history"] + tf.one_hot(step, self.max_decode_length, dtype=tf.int32) * ids[:, None]
         bucket = (state["sentence"] * 5 + tf.reduce_sum(history * self.multipliers, axis=1)) % (
             self.buckets)
-        logits = (tf.gather(tf.gather(self.token_table, step), ids)
-                  + tf.gather(self.history_table, bucket))  # [batch, vocab]
+        token_table, history_table = self._tables
+        logits = (tf.gather(tf.gather(token_table, step), ids)
+                  + tf.gather(history_table, bucket))  # [batch, vocab]
         return logits, {"history": history, "sentence": state["sentence"]}
 
     def log_probs(self, sentence, prefix):
@@ -219,13 +233,15 @@ def test_greedy_stops_when_every_sentence_has_ended():
 
 def test_beam_size_one_equals_greedy():
     vocab_size, max_decode_length, batch_size = 6, 8, 6
+    step_fn = TableStep(0, vocab_size, max_decode_length, scale=1.0)
+    greedy_search, beam_search = tf.function(decoding.greedy_search), tf.function(decoding.beam_search)
     for seed in range(3):
-        step_fn = TableStep(seed, vocab_size, max_decode_length, scale=1.0)
+        step_fn.reseed(seed)
         state = step_fn.initial_state(batch_size)
         caps = tf.constant([8, 3, 5, 8, 1, 6])
-        greedy_ids, greedy_scores = tf.function(decoding.greedy_search)(
+        greedy_ids, greedy_scores = greedy_search(
             step_fn, state, batch_size=batch_size, max_decode_length=max_decode_length, length_caps=caps)
-        beam_ids, beam_scores = tf.function(decoding.beam_search)(
+        beam_ids, beam_scores = beam_search(
             step_fn, state, batch_size=batch_size, beam_size=1, max_decode_length=max_decode_length, alpha=0.0,
             length_caps=caps)
         np.testing.assert_array_equal(beam_ids[:, 0], greedy_ids)
@@ -237,8 +253,9 @@ def test_beam_matches_numpy_reference_beam_search():
     vocab_size, max_decode_length, batch_size, beam_size = 8, 7, 4, 3
     caps = [7, 4, 6, 2]
     search = tf.function(decoding.beam_search)
+    step_fn = TableStep(0, vocab_size, max_decode_length, scale=1.0)
     for seed in range(3):
-        step_fn = TableStep(seed, vocab_size, max_decode_length, scale=1.0)
+        step_fn.reseed(seed)
         ids, scores = search(step_fn, step_fn.initial_state(batch_size), batch_size=batch_size,
                              beam_size=beam_size, max_decode_length=max_decode_length, alpha=0.6,
                              length_caps=tf.constant(caps), num_hypotheses=beam_size)
@@ -255,8 +272,9 @@ def test_beam_full_stopping_matches_numpy_reference(alpha):
     caps = [7, 4, 6, 2]
     search = tf.function(decoding.beam_search)
     differs = False
+    step_fn = TableStep(0, vocab_size, max_decode_length, scale=1.0)
     for seed in range(4):
-        step_fn = TableStep(seed, vocab_size, max_decode_length, scale=1.0)
+        step_fn.reseed(seed)
         kwargs = dict(batch_size=batch_size, beam_size=beam_size,
                       max_decode_length=max_decode_length, alpha=alpha,
                       length_caps=tf.constant(caps), num_hypotheses=beam_size)
@@ -280,8 +298,9 @@ def test_beam_full_patience_matches_numpy_reference(compact):
     caps = [7, 4, 6, 2]
     search = tf.function(decoding.beam_search)
     outputs = {}
+    step_fn = TableStep(0, vocab_size, max_decode_length, scale=1.0)
     for seed in range(4):
-        step_fn = TableStep(seed, vocab_size, max_decode_length, scale=1.0)
+        step_fn.reseed(seed)
         kwargs = dict(batch_size=batch_size, beam_size=beam_size,
                       max_decode_length=max_decode_length, alpha=alpha,
                       length_caps=tf.constant(caps), num_hypotheses=beam_size, compact=compact)
@@ -314,12 +333,14 @@ def test_beam_model_score_at_least_greedy():
     reproduces every such case (one of these 24 sentences)."""
     vocab_size, max_decode_length, batch_size = 8, 7, 8
     beam_total = greedy_total = 0.0
+    step_fn = TableStep(0, vocab_size, max_decode_length, scale=1.0)
+    greedy_search, beam_search = tf.function(decoding.greedy_search), tf.function(decoding.beam_search)
     for seed in range(3):
-        step_fn = TableStep(seed, vocab_size, max_decode_length, scale=1.0)
+        step_fn.reseed(seed)
         state = step_fn.initial_state(batch_size)
-        _, greedy_scores = tf.function(decoding.greedy_search)(
+        _, greedy_scores = greedy_search(
             step_fn, state, batch_size=batch_size, max_decode_length=max_decode_length)
-        beam_ids, beam_scores = tf.function(decoding.beam_search)(
+        beam_ids, beam_scores = beam_search(
             step_fn, state, batch_size=batch_size, beam_size=4, max_decode_length=max_decode_length, alpha=0.0)
         for sentence in range(batch_size):
             beam_log_prob = step_fn.sequence_log_prob(sentence, strip(beam_ids[sentence, 0]))
@@ -338,8 +359,9 @@ def test_large_beam_equals_exhaustive_search(alpha):
     vocab_size, max_decode_length, batch_size, num_hypotheses = 4, 4, 3, 5
     caps = [4, 2, 3]
     search = tf.function(decoding.beam_search)
+    step_fn = TableStep(0, vocab_size, max_decode_length)
     for seed in range(3):
-        step_fn = TableStep(seed, vocab_size, max_decode_length)
+        step_fn.reseed(seed)
         # 64 >= every candidate count (4 * 3 ** 2) before the last step: nothing is pruned.
         ids, scores = search(step_fn, step_fn.initial_state(batch_size), batch_size=batch_size,
                              beam_size=64, max_decode_length=max_decode_length, alpha=alpha,
@@ -490,17 +512,17 @@ def test_compact_equals_full_batch(search, with_context):
     it) changes nothing: the step function's logits depend on each row's sentence and prefix."""
     vocab_size, max_decode_length, batch_size = 7, 9, 6
     caps = tf.constant([9, 2, 5, 9, 1, 7])
+    step_fn, extra = table_step(0, vocab_size, max_decode_length, batch_size, with_context)
+    kwargs = dict(batch_size=batch_size, max_decode_length=max_decode_length, length_caps=caps,
+                  **extra)
+    if search == "greedy":
+        run = tf.function(functools.partial(decoding.greedy_search, **kwargs))
+    else:
+        run = tf.function(functools.partial(
+            decoding.beam_search, beam_size=3, num_hypotheses=2, alpha=0.6,
+            stopping={"beam_exact": "exact", "beam_full": "beam_full"}[search], **kwargs))
     for seed in range(3):
-        step_fn, extra = table_step(seed, vocab_size, max_decode_length, batch_size,
-                                    with_context)
-        kwargs = dict(batch_size=batch_size, max_decode_length=max_decode_length,
-                      length_caps=caps, **extra)
-        if search == "greedy":
-            run = tf.function(functools.partial(decoding.greedy_search, **kwargs))
-        else:
-            run = tf.function(functools.partial(
-                decoding.beam_search, beam_size=3, num_hypotheses=2, alpha=0.6,
-                stopping={"beam_exact": "exact", "beam_full": "beam_full"}[search], **kwargs))
+        step_fn.reseed(seed)
         state = step_fn.initial_state(batch_size)
         expected_ids, expected_scores = run(step_fn, state)
         ids, scores = run(step_fn, state, compact=True)
@@ -636,25 +658,25 @@ def test_beam_first_step_on_one_row_per_sentence(compact, with_context, stopping
     without it: the same ids, and scores to float32 rounding."""
     vocab_size, max_decode_length, batch_size = 7, 8, 5
     caps = tf.constant([8, 1, 4, 8, 6])
+    step_fn, extra = table_step(0, vocab_size, max_decode_length, batch_size, with_context)
+    run = tf.function(functools.partial(
+        decoding.beam_search, batch_size=batch_size, beam_size=3, num_hypotheses=3,
+        max_decode_length=max_decode_length, alpha=0.6, length_caps=caps, stopping=stopping,
+        compact=compact, **extra))
+    calls = []
+
+    def first_step(*args):
+        calls.append(args[0].shape[0])  # traced once: the rows step 0 runs on
+        return step_fn(*args)
+
     for seed in range(2):
-        step_fn, extra = table_step(seed, vocab_size, max_decode_length, batch_size,
-                                    with_context)
-        run = tf.function(functools.partial(
-            decoding.beam_search, batch_size=batch_size, beam_size=3, num_hypotheses=3,
-            max_decode_length=max_decode_length, alpha=0.6, length_caps=caps,
-            stopping=stopping, compact=compact, **extra))
-        calls = []
-
-        def first_step(*args):
-            calls.append(args[0].shape[0])  # traced once: the rows step 0 runs on
-            return step_fn(*args)
-
+        step_fn.reseed(seed)
         state = step_fn.initial_state(batch_size)
         expected_ids, expected_scores = run(step_fn, state)
         ids, scores = run(step_fn, state, first_step_fn=first_step)
         np.testing.assert_array_equal(ids, expected_ids)
         np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
-        assert calls == [batch_size]
+    assert calls == [batch_size]
 
 
 def test_beam_first_step_with_fixed_state_under_xla():
