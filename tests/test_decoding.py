@@ -407,7 +407,7 @@ def test_beam_n_best_sorted_and_distinct():
 
 def test_beam_stops_early_when_no_hypothesis_can_improve():
     """END is almost certain from step 1 on: the search ends long before max_decode_length."""
-    vocab_size, max_decode_length = 5, 40
+    max_decode_length = 40
     calls = tf.Variable(0)
 
     def step_fn(ids, step, state):
