@@ -87,7 +87,7 @@ def snapshot(folder: Path) -> dict:
 def graph_ops(export_dir) -> set:
     """Every op type in the SavedModel's graph and in every function of its library."""
     proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString((export_dir / "saved_model.pb").read_bytes())
+    proto.ParseFromString((Path(export_dir) / "saved_model.pb").read_bytes())
     ops = set()
     for meta_graph in proto.meta_graphs:
         ops.update(node.op for node in meta_graph.graph_def.node)
