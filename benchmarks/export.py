@@ -8,7 +8,7 @@ Each repeat runs two fresh Python processes, one after the other:
 - export: `export.export_run` of the run's best weights (the default export, as `keras-transformer
   export` makes it), timed from after the imports to the renamed folder; the size of its
   `saved_model.pb`, and its decoding loops (the `while` bodies of its graph: one per search,
-  greedy, beam's best and beam's n-best);
+  greedy and beam, whose best and n-best signatures share it);
 - load: `tf.saved_model.load` of that export, timed after the imports (what TF Serving does for a
   new version, before its warmup replay), then the first `translate_greedy` call on one sentence
   (Grappler's optimization of the graph, then the decoding).

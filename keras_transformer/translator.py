@@ -197,8 +197,11 @@ class Translator(tf.Module):
         """`_greedy_search` as a tf.function (compiled with XLA under `jit_compile`)."""
         return self._searches["greedy"](source_ids, length_caps, max_decode_length)
 
-    def _beam_ids(self, source_ids, length_caps, max_decode_length, num_hypotheses):
-        """`_beam_search` as a tf.function (compiled with XLA under `jit_compile`)."""
+    def _beam_ids(self, source_ids, length_caps, max_decode_length, num_hypotheses=None):
+        """`_beam_search` as a tf.function (compiled with XLA under `jit_compile`), returning
+        `num_hypotheses` (default: all `beam_size`) hypotheses per sentence."""
+        if num_hypotheses is None:
+            num_hypotheses = self.decode_config.beam_size
         return self._searches["beam"](source_ids, length_caps, max_decode_length, num_hypotheses)
 
     def _greedy_rows(self, source):
@@ -207,15 +210,19 @@ class Translator(tf.Module):
         return {"translation": self.target_tokenizer.detokenize(ids), "score": scores}
 
     def _beam_rows(self, source):
-        """string [n] -> {"translation": string [n], "score": float32 [n]}, the best beam."""
-        ids, scores = self._beam_ids(*self._encode_inputs(source), 1)  # [n, 1, len], [n, 1]
+        """string [n] -> {"translation": string [n], "score": float32 [n]}, the best beam.
+
+        The best is the first of the n-best: both beam signatures call one search (one trace,
+        one copy in an export), which differs from a search for the best alone only in how many
+        finished hypotheses it hands back."""
+        ids, scores = self._beam_ids(*self._encode_inputs(source))  # [n, beam, len], [n, beam]
         return {"translation": self.target_tokenizer.detokenize(ids[:, 0]),
                 "score": scores[:, 0]}
 
     def _nbest_rows(self, source):
         """string [n] -> {"translations": string [n, beam], "scores": float32 [n, beam]}."""
         beam_size = self.decode_config.beam_size
-        ids, scores = self._beam_ids(*self._encode_inputs(source), beam_size)  # [n, beam, len]
+        ids, scores = self._beam_ids(*self._encode_inputs(source))  # [n, beam, len], [n, beam]
         flat = tf.reshape(ids, [-1, tf.shape(ids)[2]])  # [n * beam, len]
         texts = tf.reshape(self.target_tokenizer.detokenize(flat), [-1, beam_size])
         return {"translations": texts, "scores": scores}

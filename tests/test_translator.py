@@ -219,6 +219,19 @@ def test_beam_scores_are_model_scores_and_beat_greedy(random_translation_model):
     assert better.mean() >= 0.8, beam_scores[:, 0] - greedy_scores
 
 
+def test_the_best_beam_is_the_first_of_the_nbest_of_one_search(random_translation_model):
+    """translate_beam and translate_nbest call one beam search, traced once (so an export
+    stores it once): the best beam is the n-best's first translation, with its score."""
+    model, tokenizer = random_translation_model
+    search = Translator(model, tokenizer, tokenizer, DecodeConfig(beam_size=3, alpha=0.6,
+                                                                  max_extra_length=8))
+    source = tf.constant(SENTENCES)
+    best, nbest = search.translate_beam(source), search.translate_nbest(source)
+    assert texts(best["translation"]) == texts(nbest["translations"][:, 0])
+    np.testing.assert_array_equal(best["score"], nbest["scores"][:, 0])
+    assert search._searches["beam"].experimental_get_tracing_count() == 1
+
+
 @pytest.mark.parametrize("function", ["translate_greedy", "translate_beam", "translate_nbest"])
 def test_batch_equals_each_sentence_alone(translator, function):
     """Padding in a batch changes nothing, including for bad inputs; order is preserved."""
