@@ -239,6 +239,7 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
         max_decode_length: int (or int32 scalar tensor without XLA), the most tokens generated per
             sentence and the number of output columns.
         alpha: float >= 0, the length penalty exponent; the paper uses 0.6, 0 ranks by log P.
+            May be a float32 scalar tensor (one trace for every alpha; not checked here).
         start_id: the token fed at step 0.
         end_id: the token that finishes a hypothesis.
         length_caps: optional int32 `[batch]`, per-sentence caps (the paper: source length + 50),
@@ -286,7 +287,7 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
     """
     if not 1 <= num_hypotheses <= beam_size:
         raise ValueError(f"num_hypotheses={num_hypotheses} must be in [1, beam_size={beam_size}]")
-    if alpha < 0:
+    if not tf.is_tensor(alpha) and alpha < 0:
         raise ValueError(f"alpha={alpha} must be >= 0 (early stopping relies on it)")
     if stopping not in STOPPING_RULES:
         raise ValueError(f"stopping={stopping!r} is not one of {', '.join(STOPPING_RULES)}")

@@ -50,6 +50,7 @@ from keras_transformer.runs import Run
 from keras_transformer.tokenizers import END_ID, START_ID, Tokenizer, normalize_text
 
 STRINGS_SPEC = tf.TensorSpec([None], tf.string, name="source")
+ALPHA_SPEC = tf.TensorSpec([], tf.float32, name="alpha")
 SIGNATURE_INPUT = "source"  # the input key of every exported signature
 SIGNATURES = ("serving_default", "translate_greedy", "translate_beam", "translate_nbest")
 TranslateFn = Callable[[tf.Tensor], dict]  # string [batch] -> {"translation": string [batch], ...}
@@ -126,7 +127,10 @@ class Translator(tf.Module):
         # trace each search again outside the signatures' graphs and store the copies.
         object.__setattr__(self, "_searches", {
             "greedy": tf.function(self._greedy_search, jit_compile=jit_compile, autograph=False),
-            "beam": tf.function(self._beam_search, jit_compile=jit_compile, autograph=False)})
+            "beam": tf.function(self._beam_search, jit_compile=jit_compile, autograph=False),
+            "beam_at_alpha": tf.function(self._translate_beam_at_alpha,
+                                         input_signature=[STRINGS_SPEC, ALPHA_SPEC],
+                                         autograph=False)})
 
     @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
     def __call__(self, source):
@@ -145,6 +149,19 @@ class Translator(tf.Module):
         """Beam search: `{"translation": string [batch], "score": float32 [batch]}` with the
         length-normalized log-probability log P / lp as score."""
         return self._translate_words(source, self._beam_rows, {"translation": "", "score": 0.0})
+
+    def beam_translator(self, alpha: float) -> TranslateFn:
+        """`translate_beam` with length penalty `alpha` instead of the config's. Every alpha runs
+        one traced function (the config's alpha is a constant of `translate_beam`'s graph), so a
+        grid over alphas (`tune_search`) traces the search once; not exported."""
+        if not alpha >= 0:
+            raise ConfigError(f"alpha={alpha}: must be >= 0")
+        alpha = tf.constant(alpha, tf.float32)
+        return lambda source: self._searches["beam_at_alpha"](source, alpha)
+
+    def _translate_beam_at_alpha(self, source, alpha):
+        return self._translate_words(source, functools.partial(self._beam_rows, alpha=alpha),
+                                     {"translation": "", "score": 0.0})
 
     @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
     def translate_nbest(self, source):
@@ -197,25 +214,30 @@ class Translator(tf.Module):
         """`_greedy_search` as a tf.function (compiled with XLA under `jit_compile`)."""
         return self._searches["greedy"](source_ids, length_caps, max_decode_length)
 
-    def _beam_ids(self, source_ids, length_caps, max_decode_length, num_hypotheses=None):
+    def _beam_ids(self, source_ids, length_caps, max_decode_length, num_hypotheses=None,
+                  alpha=None):
         """`_beam_search` as a tf.function (compiled with XLA under `jit_compile`), returning
-        `num_hypotheses` (default: all `beam_size`) hypotheses per sentence."""
+        `num_hypotheses` (default: all `beam_size`) hypotheses per sentence, ranked with length
+        penalty `alpha` (float32 scalar tensor; default: the config's)."""
         if num_hypotheses is None:
             num_hypotheses = self.decode_config.beam_size
-        return self._searches["beam"](source_ids, length_caps, max_decode_length, num_hypotheses)
+        if alpha is None:
+            alpha = tf.constant(self.decode_config.alpha, tf.float32)
+        return self._searches["beam"](source_ids, length_caps, max_decode_length, num_hypotheses,
+                                      alpha)
 
     def _greedy_rows(self, source):
         """string [n] -> {"translation": string [n], "score": float32 [n]} by greedy search."""
         ids, scores = self._greedy_ids(*self._encode_inputs(source))  # [n, len], [n]
         return {"translation": self.target_tokenizer.detokenize(ids), "score": scores}
 
-    def _beam_rows(self, source):
+    def _beam_rows(self, source, alpha=None):
         """string [n] -> {"translation": string [n], "score": float32 [n]}, the best beam.
 
         The best is the first of the n-best: both beam signatures call one search (one trace,
         one copy in an export), which differs from a search for the best alone only in how many
         finished hypotheses it hands back."""
-        ids, scores = self._beam_ids(*self._encode_inputs(source))  # [n, beam, len], [n, beam]
+        ids, scores = self._beam_ids(*self._encode_inputs(source), alpha=alpha)  # [n, beam, len]
         return {"translation": self.target_tokenizer.detokenize(ids[:, 0]),
                 "score": scores[:, 0]}
 
@@ -260,9 +282,9 @@ class Translator(tf.Module):
             length_caps=length_caps, state_shape_invariants=invariants, context=memory,
             compact=self._compact)
 
-    def _beam_search(self, source_ids, length_caps, max_decode_length, num_hypotheses):
+    def _beam_search(self, source_ids, length_caps, max_decode_length, num_hypotheses, alpha):
         """-> ids int32 [batch, n, max_decode_length], scores float32 [batch, n]
-        (see decoding.beam_search)."""
+        (see decoding.beam_search; `alpha` a float32 scalar tensor)."""
         batch_size = tf.shape(source_ids)[0]
         beam_size = self.decode_config.beam_size
         cache, invariants = self._init_cache(batch_size, max_decode_length)
@@ -270,7 +292,7 @@ class Translator(tf.Module):
         return decoding.beam_search(
             step_function, cache, batch_size=batch_size,
             beam_size=beam_size, max_decode_length=max_decode_length,
-            alpha=self.decode_config.alpha, stopping=self.decode_config.stopping,
+            alpha=alpha, stopping=self.decode_config.stopping,
             patience=self.decode_config.patience,
             start_id=START_ID, end_id=END_ID, length_caps=length_caps,
             num_hypotheses=num_hypotheses, state_shape_invariants=invariants, context=memory,
@@ -476,16 +498,22 @@ def tune_search(translator, sources: Sequence[str], references: Sequence[str],
     patiences = patiences or [translator.decode_config.patience]
     rules = [(stopping, patience) for stopping in stoppings
              for patience in (patiences if stopping == "beam_full" else [None])]
+    searches = {}  # one Translator per beam size and rule, whose one trace serves every alpha
+
+    def search(beam_size, stopping, patience):
+        if (beam_size, stopping, patience) not in searches:
+            decode_config = dataclasses.replace(
+                translator.decode_config, beam_size=beam_size, stopping=stopping,
+                patience=translator.decode_config.patience if patience is None else patience)
+            searches[beam_size, stopping, patience] = Translator(
+                translator.model, translator.source_tokenizer, translator.target_tokenizer,
+                decode_config, max_source_length=translator.max_source_length)
+        return searches[beam_size, stopping, patience]
+
     results, signature = [], None
     for beam_size, alpha, (stopping, patience) in itertools.product(beam_sizes, alphas, rules):
-        decode_config = dataclasses.replace(
-            translator.decode_config, beam_size=beam_size, alpha=alpha, stopping=stopping,
-            patience=translator.decode_config.patience if patience is None else patience)
-        candidate = Translator(translator.model, translator.source_tokenizer,
-                               translator.target_tokenizer, decode_config,
-                               max_source_length=translator.max_source_length)
-        hypotheses = translate_texts(candidate.translate_beam, sources,
-                                     batch_size=batch_size, workers=workers)
+        hypotheses = translate_texts(search(beam_size, stopping, patience).beam_translator(alpha),
+                                     sources, batch_size=batch_size, workers=workers)
         scores = score(hypotheses, references)
         signature = scores["bleu_signature"]
         results.append({"beam_size": beam_size, "alpha": alpha, "stopping": stopping,

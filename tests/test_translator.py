@@ -1,12 +1,14 @@
 """Tests of the Translator (eager, no export): cached search against uncached decoding, beam vs
 greedy, batching invariance, bad inputs. See test_export.py for the SavedModel."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from keras_transformer import decoding
-from keras_transformer.config import DecodeConfig
+from keras_transformer.config import ConfigError, DecodeConfig
 from keras_transformer.decoding import NEG_INF, PAD_ID
 from keras_transformer.tokenizers import END_ID, START_ID
 from keras_transformer.translator import Translator
@@ -230,6 +232,34 @@ def test_the_best_beam_is_the_first_of_the_nbest_of_one_search(random_translatio
     assert texts(best["translation"]) == texts(nbest["translations"][:, 0])
     np.testing.assert_array_equal(best["score"], nbest["scores"][:, 0])
     assert search._searches["beam"].experimental_get_tracing_count() == 1
+
+
+def test_a_beam_translator_at_another_alpha_is_a_translator_made_with_it(
+        sentencepiece_tokenizers):
+    """`beam_translator(alpha)` gives what a Translator configured with that alpha gives,
+    translations and scores bitwise, and one trace serves every alpha (tune-search's grid)."""
+    tokenizer = sentencepiece_tokenizers[0]
+    # Sharp outputs and a weak END bias: hypotheses end at several lengths, which alpha reranks.
+    model = seeded_tiny_model(tokenizer, seed=7, output_scale=4.0)
+    bias = model.final_layer.bias.numpy()
+    bias[END_ID] = 0.8
+    model.final_layer.bias.assign(bias)
+    config = DecodeConfig(beam_size=3, alpha=0.6, max_extra_length=8)
+    search = Translator(model, tokenizer, tokenizer, config)
+    source = tf.constant(SENTENCES + ["Eine Frau singt."])
+    results = []
+    for alpha in (0.0, 1.5):
+        got = search.beam_translator(alpha)(source)
+        configured = Translator(model, tokenizer, tokenizer, dataclasses.replace(config,
+                                                                                 alpha=alpha))
+        want = configured.translate_beam(source)
+        assert texts(got["translation"]) == texts(want["translation"]), alpha
+        np.testing.assert_array_equal(got["score"], want["score"])
+        results.append(texts(got["translation"]))
+    assert results[0] != results[1]  # the alphas rank these sentences' beams differently
+    assert search._searches["beam_at_alpha"].experimental_get_tracing_count() == 1
+    with pytest.raises(ConfigError, match="alpha=-0.5: must be >= 0"):
+        search.beam_translator(-0.5)
 
 
 @pytest.mark.parametrize("function", ["translate_greedy", "translate_beam", "translate_nbest"])
