@@ -148,7 +148,8 @@ class Translator(tf.Module):
     def translate_beam(self, source):
         """Beam search: `{"translation": string [batch], "score": float32 [batch]}` with the
         length-normalized log-probability log P / lp as score."""
-        return self._translate_words(source, self._beam_rows, {"translation": "", "score": 0.0})
+        return self._translate_beam_at_alpha(
+            source, tf.constant(self.decode_config.alpha, tf.float32))
 
     def beam_translator(self, alpha: float) -> TranslateFn:
         """`translate_beam` with length penalty `alpha` instead of the config's. Every alpha runs
@@ -160,6 +161,7 @@ class Translator(tf.Module):
         return lambda source: self._searches["beam_at_alpha"](source, alpha)
 
     def _translate_beam_at_alpha(self, source, alpha):
+        """`translate_beam`'s body, with `alpha` a float32 scalar tensor."""
         return self._translate_words(source, functools.partial(self._beam_rows, alpha=alpha),
                                      {"translation": "", "score": 0.0})
 
@@ -231,7 +233,7 @@ class Translator(tf.Module):
         ids, scores = self._greedy_ids(*self._encode_inputs(source))  # [n, len], [n]
         return {"translation": self.target_tokenizer.detokenize(ids), "score": scores}
 
-    def _beam_rows(self, source, alpha=None):
+    def _beam_rows(self, source, alpha):
         """string [n] -> {"translation": string [n], "score": float32 [n]}, the best beam.
 
         The best is the first of the n-best: both beam signatures call one search (one trace,
