@@ -167,7 +167,7 @@ def _export(args) -> int:
 
     batching = None if args.batching is None else RequestBatching(num_batch_threads=args.batching)
     path = export_run(args.run_dir, args.output, version=args.version, weights=args.weights,
-                      beam_size=args.beam, alpha=args.alpha, jit_compile=args.xla,
+                      beam_size=args.beam, alpha=args.alpha,
                       format=args.format, quantization=args.quantization, batching=batching)
     print(f"exported {args.run_dir} to {path}")
     return 0
@@ -513,9 +513,6 @@ def build_parser() -> argparse.ArgumentParser:
                              "CTranslate2 model folder at OUTPUT; needs the ctranslate2 extra)")
     export.add_argument("--quantization", default="float32",
                         help="with --format ctranslate2: float32, int8, bfloat16, ...")
-    export.add_argument("--xla", action="store_true",
-                        help="compile the search with XLA (TF Serving then needs "
-                             "--xla_cpu_compilation_enabled=true)")
     export.add_argument("--batching", type=_positive_int, metavar="THREADS",
                         help="decode concurrent calls together (in-graph request batching), "
                              "THREADS batches at once: the serving machine's cores")

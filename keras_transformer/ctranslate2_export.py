@@ -52,7 +52,7 @@ from ctranslate2.specs import common_spec, transformer_spec
 
 from keras_transformer.config import ConfigError, DecodeConfig
 from keras_transformer.decoding import NEG_INF, finished_to_stop
-from keras_transformer.layers.residual import LAYER_NORM_EPSILON
+from keras_transformer.layers.normalization import LAYER_NORM_EPSILON
 from keras_transformer.model import Transformer
 from keras_transformer.text_io import first_line
 from keras_transformer.tokenizers import (
@@ -199,13 +199,16 @@ class KerasTransformerConverter(ctranslate2.converters.Converter):
 
 
 def ctranslate2_spec(model: Transformer) -> transformer_spec.TransformerSpec:
-    """The filled CTranslate2 spec of `model` (weights as float32 numpy arrays)."""
+    """The filled CTranslate2 spec of `model` (weights as float32 numpy arrays), read from what
+    each layer says its weights are (`BaseAttention.projections`, the Dense and LayerNorm
+    sublayers, `PositionalEmbedding.positions`)."""
     config = model.config
     pre_norm = config.norm == "pre"
+    options = dict(pre_norm=pre_norm, activation=_ACTIVATIONS[config.activation])
     encoder = transformer_spec.TransformerEncoderSpec(config.num_layers, config.num_heads,
-                                                      pre_norm=pre_norm)
-    decoder = transformer_spec.TransformerDecoderSpec(config.num_layers, config.num_heads,
-                                                      pre_norm=pre_norm)
+                                                      **options)
+    decoder = transformer_spec.TransformerDecoderSpec(config.decoder_layers, config.num_heads,
+                                                      **options)
     spec = transformer_spec.TransformerSpec(encoder, decoder)
     spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
     spec.config.add_source_bos = True
@@ -229,14 +232,18 @@ def ctranslate2_spec(model: Transformer) -> transformer_spec.TransformerSpec:
         _set_layer_norm(encoder.layer_norm, model.encoder.final_layernorm)
         _set_layer_norm(decoder.layer_norm, model.decoder.final_layernorm)
     if model.final_layer is not None:
-        _set_dense(decoder.projection, model.final_layer)
+        _set_linear(decoder.projection, model.final_layer.kernel, model.final_layer.bias)
     else:  # tied to the target embedding (section 3.4), no bias
         decoder.projection.weight = _numpy(model.target_embedding.token_embedding.embeddings)
     return spec
 
 
-def _numpy(variable) -> np.ndarray:
-    return np.asarray(variable.numpy(), dtype=np.float32)
+# model.activation -> CTranslate2's; "gelu" is the exact (erf) form in both.
+_ACTIVATIONS = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
+
+
+def _numpy(tensor) -> np.ndarray:
+    return np.asarray(tensor.numpy(), dtype=np.float32)
 
 
 def _set_positional_embedding(embeddings_spec, positions_spec, layer) -> None:
@@ -244,9 +251,10 @@ def _set_positional_embedding(embeddings_spec, positions_spec, layer) -> None:
     positions_spec.encodings = np.asarray(layer.positions, np.float32)  # [max_positions, d_model]
 
 
-def _set_dense(spec: common_spec.LinearSpec, dense) -> None:
-    spec.weight = _numpy(dense.kernel).T  # [out, in]
-    spec.bias = _numpy(dense.bias)
+def _set_linear(spec: common_spec.LinearSpec, kernel, bias) -> None:
+    """A kernel read as `x @ kernel` `[in, out]` -> CTranslate2's `[out, in]` weight."""
+    spec.weight = _numpy(kernel).T
+    spec.bias = _numpy(bias)
 
 
 def _set_layer_norm(spec: common_spec.LayerNormSpec, layer_norm) -> None:
@@ -255,35 +263,27 @@ def _set_layer_norm(spec: common_spec.LayerNormSpec, layer_norm) -> None:
 
 
 def _set_feed_forward(spec, feed_forward) -> None:
-    _set_dense(spec.linear_0, feed_forward.inner)
-    _set_dense(spec.linear_1, feed_forward.outer)
+    _set_linear(spec.linear_0, feed_forward.inner.kernel, feed_forward.inner.bias)
+    _set_linear(spec.linear_1, feed_forward.outer.kernel, feed_forward.outer.bias)
     _set_layer_norm(spec.layer_norm, feed_forward.layernorm)
 
 
 def _set_attention(spec, attention, *, self_attention: bool) -> None:
-    """Fills a MultiHeadAttentionSpec from a `BaseAttention` sublayer (its `mha` and LayerNorm)."""
-    mha = attention.mha
-    query, key, value = (_projection(dense) for dense in
-                         (mha._query_dense, mha._key_dense, mha._value_dense))
-    if self_attention:
-        fused = [np.concatenate(parts) for parts in zip(query, key, value)]
-        spec.linear[0].weight, spec.linear[0].bias = fused
-    else:
-        spec.linear[0].weight, spec.linear[0].bias = query
-        spec.linear[1].weight, spec.linear[1].bias = (
-            np.concatenate(parts) for parts in zip(key, value))
-    output = spec.linear[-1]
-    kernel = _numpy(mha._output_dense.kernel)  # [heads, head_dim, d_model]
-    output.weight = kernel.reshape(-1, kernel.shape[-1]).T  # [d_model, heads * head_dim]
-    output.bias = _numpy(mha._output_dense.bias)
+    """Fills a MultiHeadAttentionSpec from a `BaseAttention` sublayer: its projections (heads
+    major, as CTranslate2 splits them) and LayerNorm. Self-attention takes one fused q|k|v
+    projection, cross-attention q then a fused k|v."""
+    projections = {name: (_numpy(kernel).T, _numpy(bias))
+                   for name, (kernel, bias) in attention.projections(tf.float32).items()}
+    query, key, value = (projections[name] for name in ("query", "key", "value"))
+    fused = [query, key, value] if self_attention else [key, value]
+    linears = iter(spec.linear)
+    if not self_attention:
+        linear = next(linears)
+        linear.weight, linear.bias = query
+    linear = next(linears)
+    linear.weight, linear.bias = (np.concatenate(parts) for parts in zip(*fused))
+    spec.linear[-1].weight, spec.linear[-1].bias = projections["output"]
     _set_layer_norm(spec.layer_norm, attention.layernorm)
-
-
-def _projection(dense) -> tuple[np.ndarray, np.ndarray]:
-    """A query/key/value EinsumDense -> (weight [heads * head_dim, d_model], bias [heads *
-    head_dim]), heads major as CTranslate2 splits them."""
-    kernel = _numpy(dense.kernel)  # [d_model, heads, head_dim]
-    return kernel.reshape(kernel.shape[0], -1).T, _numpy(dense.bias).reshape(-1)
 
 
 # ----------------------------------------------------------------------------- translation

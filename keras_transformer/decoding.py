@@ -1,210 +1,112 @@
-"""Greedy and beam search over a cached decoder step function.
+"""Greedy and beam search: one `tf.while_loop` driver and two decoding strategies.
 
-The search knows nothing about the model. It drives a step function
+As in OpenNMT-tf (`opennmt/utils/decoding.py`), the loop (`decode`) knows neither the model nor
+the search: a `DecodingStrategy` (`GreedySearch`, `BeamSearch`) says how a step's logits extend
+each sentence's hypotheses and when a sentence is done, and a step function gives the logits:
 
-    symbols_to_logits_fn(ids, step, state) -> (logits, state)
+    symbols_to_logits_fn(ids, step, state) -> (logits, state), or with a `context`:
+    symbols_to_logits_fn(ids, step, state, context, beams) -> (logits, state)
 
-    ids:    int32 `[batch]`, the token at position `step` (START at step 0).
-    step:   int32 scalar, the position of `ids`.
-    state:  a nested structure (dicts, lists) of tensors whose leading dimension is the batch,
-            e.g. the decoder's self-attention key/value caches preallocated at a fixed length
-            `[batch, heads, max_decode_length, head_dim]` and written at `step`, the cross-attention
-            keys/values computed once from the encoder output, and the source padding mask.
-    logits: `[batch, vocab]`, scores of the token at position `step + 1` (cast to float32 here).
+    ids:     int32 `[rows]`, the token at position `step` of each row (START at step 0).
+    step:    int32 scalar, the position of `ids`.
+    state:   a nested structure (dicts, lists) of tensors whose leading dimension is the rows,
+             e.g. the decoder's self-attention key/value caches; reordered to follow the beams.
+    context: a nested structure of tensors with one row per sentence that the step function
+             reads but never changes (the encoder output's cross-attention keys/values and the
+             source mask); `beams` (a Python int) consecutive rows of `ids` belong to each.
+    logits:  `[rows, vocab]`, scores of the token at position `step + 1` (cast to float32 here).
 
-as OpenNMT-tf and tensorflow/models (official/nlp/modeling/ops/beam_search.py) do. Everything is
-TensorFlow core ops in one `tf.while_loop` with loop variables of fixed shapes (the output is a
-preallocated `[..., max_decode_length]` buffer), so both searches run inside `tf.function`, compile with
-`jit_compile=True`, and export to SavedModels that TF Serving can run. The loop stops as soon as
-every sentence is done.
+Finished sentences leave the batch, so that they cost nothing in later steps (as CTranslate2
+does): each step, the rows of the sentences that are done are written to the result, and the
+search state, the step function's state and the context are gathered down to the others. The
+loop stops as soon as every sentence is done. Everything is TensorFlow core ops, so the search
+runs inside `tf.function` and exports to SavedModels that TF Serving runs.
 
-Outputs are padded with `PAD_ID` after END and have `max_decode_length` columns (a fixed size, so that
-the functions compile with XLA); START is not included. A sentence that reaches its length cap
-without producing END is finished as it stands.
+Outputs are padded with `PAD_ID` after END and have `max_decode_length` columns; START is not
+included. A sentence that reaches its length cap without producing END is finished as it stands.
 
 Paper, section 6.1: "We used beam search with a beam size of 4 and length penalty alpha = 0.6 ...
 We set the maximum output length during inference to input length + 50, but terminate early when
-possible." The length penalty is that of Wu et al. 2016 (GNMT, arXiv:1609.08144, eq. 14):
-lp(Y) = ((5 + |Y|) / 6) ** alpha, where |Y| counts the generated tokens including END.
+possible." Ranking and stopping follow `search_rules`.
 """
 
 from __future__ import annotations
 
-import math
-
 import tensorflow as tf
 
-from keras_transformer.tokenizers import PAD_ID  # written after END
+from keras_transformer.search_rules import (
+    NEG_INF,
+    STOPPING_RULES,
+    cannot_improve,
+    finished_to_stop,
+    length_penalty,
+)
+from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID
 
-# How beam search decides that a sentence is done (`beam_search(stopping=...)`), as an export's
-# provenance records it.
-STOPPING_RULES = {
-    "exact": ("a sentence stops when its finished set is full and no alive hypothesis can beat "
-              "the worst finished one (exact bound, lp at the length cap), or at its cap"),
-    "beam_full": ("a sentence stops once patience x beam-size hypotheses have finished "
-                  "(fairseq's and CTranslate2's rule; patience 1 is their default), when the "
-                  "exact bound holds, or at its cap"),
-}
-
-# Log-probability of impossible hypotheses. Finite (as in tensorflow/models) so that arithmetic
-# on it never produces NaN; real sequence log-probabilities are assumed to stay above NEG_INF / 2.
-NEG_INF = -1e9
+__all__ = ["NEG_INF", "STOPPING_RULES", "DecodingStrategy", "GreedySearch", "BeamSearch",
+           "decode", "greedy_search", "beam_search", "tile_beams"]
 
 
-def length_penalty(length, alpha):
-    """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016, eq. 14).
+class DecodingStrategy:
+    """How a search extends hypotheses; `decode` drives it.
 
-    Args:
-        length: int or float tensor of any shape, the number of generated tokens (END included).
-        alpha: float, 0 disables the penalty (returns 1).
+    The search state is a dict of tensors with one row per sentence still decoding. A strategy
+    defines `beams` (rows of the step function per sentence) and:
 
-    Returns:
-        float32 tensor of the shape of `length`.
+        initialize(batch_size, start_ids, caps, max_decode_length) -> search state
+        inputs(search, first) -> ids int32 `[n * beams]` (`[n]` with `first`)
+        step(step, logits, search) -> (search, parents int32 `[n, beams]` or None, done bool `[n]`)
+        results(search) -> per-sentence outputs `[n, ...]`, written when a sentence is done
+        empty_results(batch_size, max_decode_length) -> the result buffers `[batch, ...]`
+        finalize(results) -> (ids, scores)
+
+    `parents` says which row of its sentence each new row continues (None: every row its own).
     """
-    return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
+
+    beams = 1
+    first_step_per_sentence = False  # step 0 on one row per sentence, then tiled to the beams
 
 
-def greedy_search(symbols_to_logits_fn, initial_state, *, batch_size, max_decode_length, start_id=1,
-                  end_id=2, length_caps=None, state_shape_invariants=None, context=None,
-                  compact=False):
-    """Batched greedy decoding: picks the most probable next token of every sentence.
+class GreedySearch(DecodingStrategy):
+    """Picks the most probable next token of every sentence.
 
-    Args:
-        symbols_to_logits_fn: `(ids [batch], step [], state) -> (logits [batch, vocab], state)`,
-            see the module docstring; with `context`, called as `(ids, step, state, context)`.
-        initial_state: nested structure of tensors with leading dimension `batch`.
-        batch_size: int or int32 scalar tensor.
-        max_decode_length: int (or int32 scalar tensor without XLA), the most tokens generated per
-            sentence and the number of output columns.
-        start_id: the token fed at step 0.
-        end_id: the token that finishes a sentence.
-        length_caps: optional int32 `[batch]`, per-sentence caps (the paper: source length + 50),
-            clipped to [1, max_decode_length]; a sentence that reaches its cap is finished.
-        state_shape_invariants: optional `tf.TensorShape`s in the structure of `initial_state`,
-            for state tensors whose shape changes from step to step (not under XLA).
-        context: optional nested structure of tensors with leading dimension `batch` that the
-            step function reads but never changes (e.g. the cross-attention keys/values).
-        compact: drop finished sentences from the batch (the state, the context and the ids the
-            step function sees), so that they cost nothing in later steps, as CTranslate2 does.
-            The step function must then keep everything per-sentence in `state` or `context`
-            (nothing captured); not under XLA (the batch dimension changes).
-
-    Returns:
-        ids: int32 `[batch, max_decode_length]`, the generated tokens without START, END included where
-            produced, `PAD_ID` after it.
-        scores: float32 `[batch]`, the sum of the log-probabilities of the generated tokens.
-
-    Loop state (one `tf.while_loop`):
-        step:     int32 `[]`, position of `ids`.
-        ids:      int32 `[batch]`, the last token (START at step 0, PAD_ID once finished).
-        output:   int32 `[batch, max_decode_length]`, zeros from column `step` on.
-        scores:   float32 `[batch]`.
-        finished: bool `[batch]`.
-        state:    the step function's state, `[batch, ...]`.
-    With `compact`, `ids`, `output`, `scores`, the caps, the state and the context hold the
-    unfinished sentences only (`active` holds their rows), and each sentence's output and
-    score are written to the result when it finishes.
+    Search state: `ids` int32 `[n]` (the last token), `output` int32 `[n, max_decode_length]`,
+    `scores` float32 `[n]` (the sum of the tokens' log-probabilities), `caps` int32 `[n]`.
+    Results: ids int32 `[batch, max_decode_length]`, scores float32 `[batch]`.
     """
-    caps = _length_caps(length_caps, batch_size, max_decode_length)  # [batch]
 
-    has_context = context is not None
-    if not has_context:
-        context = ()  # an empty structure the loops can carry
+    def __init__(self, *, end_id=END_ID):
+        self.end_id = end_id
 
-    def call(ids, step, state, context):
-        if not has_context:
-            return symbols_to_logits_fn(ids, step, state)
-        return symbols_to_logits_fn(ids, step, state, context)
+    def initialize(self, batch_size, start_ids, caps, max_decode_length):
+        return {"ids": start_ids, "output": tf.zeros([batch_size, max_decode_length], tf.int32),
+                "scores": tf.zeros([batch_size], tf.float32), "caps": caps}
 
-    def next_tokens(ids, step, state, context):
-        logits, state = call(ids, step, state, context)
-        log_probs, next_ids = _top_log_probs(tf.cast(logits, tf.float32), 1)  # [batch, 1]
-        next_ids, next_log_probs = next_ids[:, 0], log_probs[:, 0]
-        return next_ids, next_log_probs, state
+    def inputs(self, search, first=False):
+        return search["ids"]
 
-    start = tf.fill([batch_size], tf.constant(start_id, tf.int32))
-    empty_output = tf.zeros([batch_size, max_decode_length], tf.int32)
-    if compact:
-        return _compact_greedy(next_tokens, initial_state, context, caps, start, empty_output,
-                               batch_size, max_decode_length, end_id, state_shape_invariants)
+    def step(self, step, logits, search):
+        log_probs, ids = _top_log_probs(tf.cast(logits, tf.float32), 1)  # [n, 1]
+        ids, log_probs = ids[:, 0], log_probs[:, 0]
+        max_decode_length = tf.shape(search["output"])[1]
+        output = search["output"] + tf.one_hot(step, max_decode_length, dtype=tf.int32) * ids[:, None]
+        done = tf.equal(ids, self.end_id) | (step + 1 >= search["caps"])  # [n]
+        return ({"ids": ids, "output": output, "scores": search["scores"] + log_probs,
+                 "caps": search["caps"]}, None, done)
 
-    def cond(step, ids, output, scores, finished, state):
-        return tf.logical_and(step < max_decode_length, tf.logical_not(tf.reduce_all(finished)))
+    def results(self, search):
+        return search["output"], search["scores"]
 
-    def body(step, ids, output, scores, finished, state):
-        next_ids, next_log_probs, state = next_tokens(ids, step, state, context)
-        next_ids = tf.where(finished, PAD_ID, next_ids)
-        scores += tf.where(finished, 0.0, next_log_probs)
-        # A one-hot blend rather than tensor_scatter_nd_update, whose shape check rejects a
-        # statically empty batch.
-        output += tf.one_hot(step, max_decode_length, dtype=tf.int32) * next_ids[:, tf.newaxis]
-        finished = finished | tf.equal(next_ids, end_id) | (step + 1 >= caps)
-        return step + 1, next_ids, output, scores, finished, state
+    def empty_results(self, batch_size, max_decode_length):
+        return (tf.zeros([batch_size, max_decode_length], tf.int32),
+                tf.zeros([batch_size], tf.float32))
 
-    loop_vars = (
-        tf.constant(0, tf.int32),
-        start,
-        empty_output,
-        tf.zeros([batch_size], tf.float32),
-        tf.zeros([batch_size], tf.bool),
-        initial_state,
-    )
-    _, _, output, scores, _, _ = tf.while_loop(
-        cond, body, loop_vars,
-        shape_invariants=_shape_invariants(loop_vars, state_shape_invariants))
-    return output, scores
+    def finalize(self, results):
+        return results
 
 
-def _compact_greedy(next_tokens, initial_state, context, caps, start, empty_output, batch_size,
-                    max_decode_length, end_id, state_shape_invariants):
-    """`greedy_search` with `compact`: finished sentences leave the batch."""
-
-    def cond(step, active, ids, output, scores, caps, state, context, result_ids, result_scores):
-        return tf.logical_and(step < max_decode_length, tf.size(active) > 0)
-
-    def body(step, active, ids, output, scores, caps, state, context, result_ids, result_scores):
-        ids, log_probs, state = next_tokens(ids, step, state, context)
-        output += tf.one_hot(step, max_decode_length, dtype=tf.int32) * ids[:, tf.newaxis]
-        scores += log_probs
-        finished = tf.equal(ids, end_id) | (step + 1 >= caps)  # [active]
-
-        def drop_finished():
-            done = tf.where(finished)[:, 0]
-            rows = tf.gather(active, done)[:, tf.newaxis]
-            keep = tf.where(tf.logical_not(finished))[:, 0]
-            kept = tf.nest.map_structure(lambda t: tf.gather(t, keep),
-                                         (active, ids, output, scores, caps, state, context))
-            return (*kept,
-                    tf.tensor_scatter_nd_update(result_ids, rows, tf.gather(output, done)),
-                    tf.tensor_scatter_nd_update(result_scores, rows, tf.gather(scores, done)))
-
-        def unchanged():
-            return active, ids, output, scores, caps, state, context, result_ids, result_scores
-
-        return (step + 1, *tf.cond(tf.reduce_any(finished), drop_finished, unchanged))
-
-    loop_vars = (tf.constant(0, tf.int32), tf.range(batch_size), start, empty_output,
-                 tf.zeros([batch_size], tf.float32), caps, initial_state, context, empty_output,
-                 tf.zeros([batch_size], tf.float32))
-    invariants = (tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None]),
-                  tf.TensorShape([None, None]), tf.TensorShape([None]), tf.TensorShape([None]),
-                  _batch_free(initial_state, state_shape_invariants), _batch_free(context),
-                  tf.TensorShape([None, None]), tf.TensorShape([None]))
-    outputs = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
-    return outputs[-2], outputs[-1]
-
-
-def finished_to_stop(beam_size: int, patience: float) -> int:
-    """How many finished hypotheses end a sentence's search under the "beam_full" rule:
-    ceil(patience x beam_size)."""
-    return math.ceil(patience * beam_size)
-
-
-def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, max_decode_length,
-                alpha=0.6, start_id=1, end_id=2, length_caps=None, num_hypotheses=1,
-                state_shape_invariants=None, stopping="exact", patience=1.0, context=None,
-                tile_context=True, compact=False, first_step_fn=None):
-    """Batched beam search with the GNMT length penalty; returns the n best hypotheses.
+class BeamSearch(DecodingStrategy):
+    """Beam search with the GNMT length penalty; returns the n best hypotheses.
 
     Each step expands the `beam_size` alive hypotheses of a sentence by every token and keeps the
     `2 * beam_size` most probable candidates (so that at least `beam_size` of them do not end).
@@ -215,279 +117,261 @@ def beam_search(symbols_to_logits_fn, initial_state, *, batch_size, beam_size, m
     (with alpha 0). A sentence is done when it reaches its cap or, by the `stopping` rule:
 
     - "exact": when its finished set is full and no alive hypothesis can beat the worst finished
-      one: log-probabilities only decrease and, for alpha >= 0, lp is largest at the cap, so the
-      best alive log P / lp(cap) bounds every future score (the early stopping of
-      tensorflow/models). The result is what the search would return if it ran to the cap.
+      one (`search_rules.cannot_improve`, the early stopping of tensorflow/models). The result
+      is what the search would return if it ran to the cap.
     - "beam_full": as soon as `patience * beam_size` hypotheses have finished (rounded up;
       patience 1 is fairseq's and CTranslate2's default rule, larger values are the patience
-      factor of Kasai et al. 2022, arXiv:2204.05424, CTranslate2's `patience`), or earlier
-      when the exact bound holds. A large alpha keeps the exact bound loose, so that sentences
-      often run to their cap; this rule's cost does not depend on alpha.
+      factor of Kasai et al. 2022, arXiv:2204.05424), or earlier when the exact bound holds.
+      A large alpha keeps the exact bound loose, so that sentences often run to their cap;
+      this rule's cost does not depend on alpha.
+
+    The beams of a sentence start from the same START and state, so step 0 runs once per
+    sentence and is tiled to the beams (as CTranslate2 expands the batch only after the first
+    step): step 0 costs a `beam_size`th of the rows.
 
     Args:
-        symbols_to_logits_fn: `(ids [batch * beam], step [], state) -> (logits [batch * beam,
-            vocab], state)`, see the module docstring; vocab >= 2. With `context`, called as
-            `(ids, step, state, context)`.
-        initial_state: nested structure of tensors with leading dimension `batch`; tiled here to
-            `[batch * beam, ...]` (beams of one sentence adjacent, as `tile_beams` does) and
-            gathered every step. Tensors that never change during the search (cross-attention
-            keys/values, the source mask) are the same for every beam of a sentence: a step
-            function may capture them already tiled with `tile_beams` instead of carrying them
-            in the state, which saves reordering them at every step (or pass them as `context`).
-        batch_size: int or int32 scalar tensor.
         beam_size: int, the paper uses 4.
-        max_decode_length: int (or int32 scalar tensor without XLA), the most tokens generated per
-            sentence and the number of output columns.
         alpha: float >= 0, the length penalty exponent; the paper uses 0.6, 0 ranks by log P.
             May be a float32 scalar tensor (one trace for every alpha; not checked here).
-        start_id: the token fed at step 0.
-        end_id: the token that finishes a hypothesis.
-        length_caps: optional int32 `[batch]`, per-sentence caps (the paper: source length + 50),
-            clipped to [1, max_decode_length].
         num_hypotheses: int in [1, beam_size], how many hypotheses to return per sentence.
-        state_shape_invariants: optional `tf.TensorShape`s in the structure of `initial_state`
-            (batch dimension free), for state tensors whose shape changes from step to step.
         stopping: "exact" or "beam_full", see above.
         patience: float >= 1, how many times `beam_size` hypotheses "beam_full" waits for.
-        context: optional nested structure of tensors with leading dimension `batch` that the
-            step function reads but never changes; tiled to the beams here and never reordered
-            (only compacted).
-        tile_context: False: the step function gets the context untiled, one row per sentence
-            for the `beam_size` consecutive rows of its ids (so that attention over it can
-            share the sentence's keys among its beams).
-        compact: drop done sentences from the batch, as in `greedy_search` (not under XLA).
-        first_step_fn: optional step function for step 0 on one row per sentence: `(ids [batch],
-            step, state [batch, ...]) -> (logits [batch, vocab], state [batch, ...])`, with
-            `context` `(ids, step, state, context)` and the context untiled. The beams of a
-            sentence start from the same START and state, so their step-0 logits are one
-            sentence's: run once per sentence, then tiled to the beams (as CTranslate2 expands
-            the batch only after the first step), step 0 costs a `beam_size`th of the rows.
-            Needs `max_decode_length >= 1`.
+        end_id: the token that finishes a hypothesis.
 
-    Returns:
-        ids: int32 `[batch, num_hypotheses, max_decode_length]`, best first, without START, END included
-            where produced, `PAD_ID` after it.
-        scores: float32 `[batch, num_hypotheses]`, log P / lp(length). A slot for which no
-            hypothesis exists (fewer possible sequences than `num_hypotheses`) has score NEG_INF
-            and ids `PAD_ID`.
-
-    Loop state (one `tf.while_loop`):
-        step:            int32 `[]`, position of `alive_ids`.
-        alive_ids:       int32 `[batch, beam]`, the last token of each alive hypothesis.
-        alive_seq:       int32 `[batch, beam, max_decode_length]`, alive hypotheses (columns >= step 0).
-        alive_log_probs: float32 `[batch, beam]`, log P of each alive hypothesis, best first.
-        finished_seq:    int32 `[batch, beam, max_decode_length]`.
-        finished_scores: float32 `[batch, beam]`, log P / lp(length), best first, NEG_INF if empty.
-        finished_flags:  bool `[batch, beam]`, whether a finished slot holds a hypothesis.
-        finished_count:  int32 `[batch]`, how many hypotheses have finished so far.
-        done:            bool `[batch]`, the sentences whose search is over.
-        state:           the step function's state, `[batch * beam, ...]`.
-    With `compact`, these hold the sentences that are not done (`active` holds their rows; no
-    `done`), and each sentence's n best are written to the result when it is done.
+    Search state, one row per sentence:
+        alive_ids:       int32 `[n, beam]`, the last token of each alive hypothesis.
+        alive_seq:       int32 `[n, beam, max_decode_length]`, alive hypotheses.
+        alive_log_probs: float32 `[n, beam]`, log P of each alive hypothesis, best first.
+        finished_seq:    int32 `[n, beam, max_decode_length]`.
+        finished_scores: float32 `[n, beam]`, log P / lp(length), best first, NEG_INF if empty.
+        finished_flags:  bool `[n, beam]`, whether a finished slot holds a hypothesis.
+        finished_count:  int32 `[n]`, how many hypotheses have finished so far.
+        caps:            int32 `[n]`; max_penalty: float32 `[n]`, lp(cap).
+    Results: ids int32 `[batch, num_hypotheses, max_decode_length]`, best first, `PAD_ID` in a
+    slot for which no hypothesis exists (fewer possible sequences than `num_hypotheses`);
+    scores float32 `[batch, num_hypotheses]`, log P / lp, NEG_INF in such a slot.
     """
-    if not 1 <= num_hypotheses <= beam_size:
-        raise ValueError(f"num_hypotheses={num_hypotheses} must be in [1, beam_size={beam_size}]")
-    if not tf.is_tensor(alpha) and alpha < 0:
-        raise ValueError(f"alpha={alpha} must be >= 0 (early stopping relies on it)")
-    if stopping not in STOPPING_RULES:
-        raise ValueError(f"stopping={stopping!r} is not one of {', '.join(STOPPING_RULES)}")
-    if not patience >= 1:
-        raise ValueError(f"patience={patience} must be >= 1")
-    finished_needed = finished_to_stop(beam_size, patience)
-    caps = _length_caps(length_caps, batch_size, max_decode_length)  # [batch]
-    max_penalty = length_penalty(caps, alpha)  # [batch]
-    has_context = context is not None
-    if not has_context:
-        context = ()  # an empty structure the loops can carry
-    sentence_state, sentence_context = initial_state, context  # one row per sentence
-    if has_context and tile_context:
-        context = tf.nest.map_structure(lambda t: tile_beams(t, beam_size), context)
 
-    def call(fn, ids, step, state, context):
-        return fn(ids, step, state, context) if has_context else fn(ids, step, state)
+    first_step_per_sentence = True
 
-    def expand(step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-               finished_flags, finished_count, caps, max_penalty, state, context, first=False):
-        """One step for `n` sentences -> the new alive and finished sets, each sentence's
-        `done` bool `[n]`, and the state reordered to follow the alive hypotheses. `first`:
-        step 0 by `first_step_fn` on one row per sentence (`state` and `context` unused)."""
-        if first:
-            logits, state = call(first_step_fn, alive_ids[:, 0], step, sentence_state,
-                                 sentence_context)
-            logits, state = tf.nest.map_structure(lambda t: tile_beams(t, beam_size),
-                                                  (logits, state))
-        else:
-            logits, state = call(symbols_to_logits_fn, tf.reshape(alive_ids, [-1]), step, state,
-                                 context)
-        n = tf.shape(alive_ids)[0]
+    def __init__(self, beam_size, *, alpha=0.6, num_hypotheses=1, stopping="exact",
+                 patience=1.0, end_id=END_ID):
+        if not 1 <= num_hypotheses <= beam_size:
+            raise ValueError(f"num_hypotheses={num_hypotheses} must be in [1, beam_size={beam_size}]")
+        if not tf.is_tensor(alpha) and alpha < 0:
+            raise ValueError(f"alpha={alpha} must be >= 0 (early stopping relies on it)")
+        if stopping not in STOPPING_RULES:
+            raise ValueError(f"stopping={stopping!r} is not one of {', '.join(STOPPING_RULES)}")
+        if not patience >= 1:
+            raise ValueError(f"patience={patience} must be >= 1")
+        self.beams = self.beam_size = beam_size
+        self.alpha, self.num_hypotheses = alpha, num_hypotheses
+        self.stopping, self.end_id = stopping, end_id
+        self.finished_needed = finished_to_stop(beam_size, patience)
+
+    def initialize(self, batch_size, start_ids, caps, max_decode_length):
+        beam = self.beam_size
+        # All beams start identical: only the first one may expand at step 0.
+        first_beam_only = tf.concat([[0.0], tf.fill([beam - 1], NEG_INF)], axis=0)  # [beam]
+        sequences = tf.zeros([batch_size, beam, max_decode_length], tf.int32)
+        return {"alive_ids": tf.tile(start_ids[:, None], [1, beam]),
+                "alive_seq": sequences,
+                "alive_log_probs": tf.tile(first_beam_only[tf.newaxis], [batch_size, 1]),
+                "finished_seq": sequences,
+                "finished_scores": tf.fill([batch_size, beam], NEG_INF),
+                "finished_flags": tf.zeros([batch_size, beam], tf.bool),
+                "finished_count": tf.zeros([batch_size], tf.int32),
+                "caps": caps,
+                "max_penalty": length_penalty(tf.cast(caps, tf.float32), self.alpha)}
+
+    def inputs(self, search, first=False):
+        return search["alive_ids"][:, 0] if first else tf.reshape(search["alive_ids"], [-1])
+
+    def step(self, step, logits, search):
+        beam = self.beam_size
+        n = tf.shape(search["alive_ids"])[0]
+        max_decode_length = tf.shape(search["alive_seq"])[2]
         # The 2 * beam best candidates of each beam first: they hold the 2 * beam best of the
         # sentence, in the same order (ties: lower beam, then lower token id first, as a top-k
         # over [n, beam * vocab] orders them), and the top-k over the whole vocabulary needs no
         # [n * beam, vocab] sum with the alive log-probabilities.
         vocab_size = logits.shape[-1]
-        per_beam = min(2 * beam_size, vocab_size) if vocab_size is not None else tf.minimum(
-            2 * beam_size, tf.shape(logits)[-1])
+        per_beam = min(2 * beam, vocab_size) if vocab_size is not None else tf.minimum(
+            2 * beam, tf.shape(logits)[-1])
         row_log_probs, row_ids = _top_log_probs(tf.cast(logits, tf.float32), per_beam)
-        candidates = alive_log_probs[:, :, tf.newaxis] + tf.reshape(
-            row_log_probs, [n, beam_size, per_beam])  # [n, beam, per_beam]
+        candidates = search["alive_log_probs"][:, :, tf.newaxis] + tf.reshape(
+            row_log_probs, [n, beam, per_beam])  # [n, beam, per_beam]
         top_log_probs, top_index = tf.math.top_k(
-            tf.reshape(candidates, [n, beam_size * per_beam]), k=2 * beam_size)
+            tf.reshape(candidates, [n, beam * per_beam]), k=2 * beam)
         top_beam = top_index // per_beam  # [n, 2 * beam]
         top_ids = tf.gather(tf.reshape(row_ids, [n, -1]), top_index, batch_dims=1)  # [n, 2 * beam]
-        top_seq = tf.gather(alive_seq, top_beam, batch_dims=1)  # [n, 2 * beam, max_decode_length]
+        top_seq = tf.gather(search["alive_seq"], top_beam, batch_dims=1)  # [n, 2 * beam, len]
         top_seq += tf.one_hot(step, max_decode_length, dtype=tf.int32) * top_ids[:, :, tf.newaxis]
 
         length = step + 1
-        ends = tf.equal(top_ids, end_id) | (length >= caps)[:, tf.newaxis]  # [n, 2 * beam]
+        caps = search["caps"]
+        ends = tf.equal(top_ids, self.end_id) | (length >= caps)[:, tf.newaxis]  # [n, 2 * beam]
 
         # Alive: the best candidates that do not end.
         alive_log_probs, alive_pos = tf.math.top_k(
-            tf.where(ends, NEG_INF, top_log_probs), k=beam_size)  # [n, beam]
-        alive_ids = tf.gather(top_ids, alive_pos, batch_dims=1)  # [n, beam]
-        alive_seq = tf.gather(top_seq, alive_pos, batch_dims=1)  # [n, beam, max_decode_length]
+            tf.where(ends, NEG_INF, top_log_probs), k=beam)  # [n, beam]
         parents = tf.gather(top_beam, alive_pos, batch_dims=1)  # [n, beam]
 
         # Finished: candidates that end within the top beam_size, merged with the finished set.
-        in_beam = tf.range(2 * beam_size) < beam_size  # [2 * beam]
+        in_beam = tf.range(2 * beam) < beam  # [2 * beam]
         new_flags = ends & in_beam & (top_log_probs > NEG_INF / 2)  # [n, 2 * beam]
-        new_scores = tf.where(new_flags, top_log_probs / length_penalty(length, alpha), NEG_INF)
+        new_scores = tf.where(
+            new_flags, top_log_probs / length_penalty(tf.cast(length, tf.float32), self.alpha),
+            NEG_INF)
         finished_scores, finished_pos = tf.math.top_k(
-            tf.concat([finished_scores, new_scores], axis=1), k=beam_size)  # [n, beam]
-        finished_seq = tf.gather(
-            tf.concat([finished_seq, top_seq], axis=1), finished_pos, batch_dims=1)
-        finished_flags = tf.gather(
-            tf.concat([finished_flags, new_flags], axis=1), finished_pos, batch_dims=1)
-        finished_count += tf.reduce_sum(tf.cast(new_flags, tf.int32), axis=1)
+            tf.concat([search["finished_scores"], new_scores], axis=1), k=beam)  # [n, beam]
+        finished_count = search["finished_count"] + tf.reduce_sum(
+            tf.cast(new_flags, tf.int32), axis=1)
 
         # finished_scores[:, -1] is NEG_INF until the finished set is full.
-        stop = alive_log_probs[:, 0] / max_penalty < finished_scores[:, -1]
-        if stopping == "beam_full":  # or earlier, when nothing can change any more
-            stop |= finished_count >= finished_needed
-        done = (length >= caps) | stop
-        return (alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-                finished_flags, finished_count, done, parents, state)
+        stop = cannot_improve(alive_log_probs[:, 0], finished_scores[:, -1],
+                              search["max_penalty"])
+        if self.stopping == "beam_full":  # or earlier, when nothing can change any more
+            stop |= finished_count >= self.finished_needed
+        search = {
+            "alive_ids": tf.gather(top_ids, alive_pos, batch_dims=1),
+            "alive_seq": tf.gather(top_seq, alive_pos, batch_dims=1),
+            "alive_log_probs": alive_log_probs,
+            "finished_seq": tf.gather(tf.concat([search["finished_seq"], top_seq], axis=1),
+                                      finished_pos, batch_dims=1),
+            "finished_scores": finished_scores,
+            "finished_flags": tf.gather(tf.concat([search["finished_flags"], new_flags], axis=1),
+                                        finished_pos, batch_dims=1),
+            "finished_count": finished_count,
+            "caps": caps,
+            "max_penalty": search["max_penalty"],
+        }
+        return search, parents, (length >= caps) | stop
 
-    first_beam_only = tf.concat([[0.0], tf.fill([beam_size - 1], NEG_INF)], axis=0)  # [beam]
-    start = (
-        tf.fill([batch_size, beam_size], tf.constant(start_id, tf.int32)),
-        tf.zeros([batch_size, beam_size, max_decode_length], tf.int32),
-        # All beams start identical: only the first one may expand at step 0.
-        tf.tile(first_beam_only[tf.newaxis], [batch_size, 1]),
-        tf.zeros([batch_size, beam_size, max_decode_length], tf.int32),
-        tf.fill([batch_size, beam_size], NEG_INF),
-        tf.zeros([batch_size, beam_size], tf.bool),
-        tf.zeros([batch_size], tf.int32),
-    )
-    initial_state = tf.nest.map_structure(lambda t: tile_beams(t, beam_size), initial_state)
-    if compact:
-        finished_seq, finished_scores, finished_flags = _compact_beam(
-            expand, start, caps, max_penalty, initial_state, context, batch_size, beam_size,
-            max_decode_length, num_hypotheses, state_shape_invariants, tile_context,
-            first_step=first_step_fn is not None)
-    else:
-        def cond(step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-                 finished_flags, finished_count, done, state):
-            return tf.logical_and(step < max_decode_length, tf.logical_not(tf.reduce_all(done)))
+    def results(self, search):
+        n = self.num_hypotheses
+        return (search["finished_seq"][:, :n], search["finished_scores"][:, :n],
+                search["finished_flags"][:, :n])
 
-        def body(step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-                 finished_flags, finished_count, done, state, first=False):
-            (alive_ids, alive_seq, alive_log_probs, new_seq, new_scores, new_flags,
-             finished_count, now_done, parents, state) = expand(
-                step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-                finished_flags, finished_count, caps, max_penalty, state, context, first)
-            state = _gather_beams(state, parents, batch_size, beam_size)
-            # A sentence that is done keeps its finished set (under "exact" nothing could enter
-            # it any more; under "beam_full" a later candidate could, after the stop).
-            finished_seq = tf.where(done[:, tf.newaxis, tf.newaxis], finished_seq, new_seq)
-            finished_scores = tf.where(done[:, tf.newaxis], finished_scores, new_scores)
-            finished_flags = tf.where(done[:, tf.newaxis], finished_flags, new_flags)
-            return (step + 1, alive_ids, alive_seq, alive_log_probs, finished_seq,
-                    finished_scores, finished_flags, finished_count, done | now_done, state)
+    def empty_results(self, batch_size, max_decode_length):
+        n = self.num_hypotheses
+        return (tf.zeros([batch_size, n, max_decode_length], tf.int32),
+                tf.fill([batch_size, n], NEG_INF), tf.zeros([batch_size, n], tf.bool))
 
-        loop_vars = (tf.constant(0, tf.int32), *start, tf.zeros([batch_size], tf.bool),
-                     initial_state)
-        if first_step_fn is not None:  # step 0 before the loop, one row per sentence
-            loop_vars = body(*loop_vars, first=True)
-        outputs = tf.while_loop(
-            cond, body, loop_vars,
-            shape_invariants=_shape_invariants(loop_vars, state_shape_invariants))
-        finished_seq, finished_scores, finished_flags = outputs[4:7]
-    flags = finished_flags[:, :num_hypotheses]  # [batch, n]
-    ids = tf.where(flags[:, :, tf.newaxis], finished_seq[:, :num_hypotheses], PAD_ID)
-    scores = tf.where(flags, finished_scores[:, :num_hypotheses], NEG_INF)
-    return ids, scores
+    def finalize(self, results):
+        sequences, scores, flags = results
+        return (tf.where(flags[:, :, tf.newaxis], sequences, PAD_ID),
+                tf.where(flags, scores, NEG_INF))
 
 
-def _compact_beam(expand, start, caps, max_penalty, state, context, batch_size, beam_size,
-                  max_decode_length, num_hypotheses, state_shape_invariants, tile_context,
-                  first_step=False):
-    """`beam_search`'s loop with `compact`: done sentences leave the batch. Returns the
-    finished sequences, scores and flags of every sentence, `[batch, num_hypotheses, ...]`.
-    `first_step`: step 0 runs before the loop, by `expand(..., first=True)`."""
+def decode(strategy: DecodingStrategy, symbols_to_logits_fn, initial_state, *, batch_size,
+           max_decode_length, start_id=START_ID, length_caps=None, state_shape_invariants=None,
+           context=None):
+    """Runs `strategy` over a step function in one `tf.while_loop`.
+
+    Args:
+        strategy: a `GreedySearch` or `BeamSearch`.
+        symbols_to_logits_fn: see the module docstring.
+        initial_state: nested structure of tensors with one row per sentence (`[batch, ...]`);
+            tiled to the beams after step 0 and gathered to follow them.
+        batch_size: int or int32 scalar tensor.
+        max_decode_length: int or int32 scalar tensor, the most tokens generated per sentence
+            and the number of output columns (>= 1).
+        start_id: the token fed at step 0.
+        length_caps: optional int32 `[batch]`, per-sentence caps (the paper: source length + 50),
+            clipped to [1, max_decode_length]; a sentence that reaches its cap is finished.
+        state_shape_invariants: optional `tf.TensorShape`s in the structure of `initial_state`,
+            for state tensors whose shape changes from step to step (e.g. growing caches).
+        context: optional nested structure of tensors with leading dimension `batch` that the
+            step function reads but never changes; gathered as sentences finish.
+
+    Returns:
+        the strategy's results (`GreedySearch`: ids `[batch, max_decode_length]` and scores
+        `[batch]`; `BeamSearch`: `[batch, num_hypotheses, ...]`), in input order.
+
+    Loop state: `step` int32 `[]`; `active` int32 `[n]`, the input rows of the n sentences still
+    decoding; the search state `[n, ...]`; the step function's state `[n * beams, ...]`; the
+    context `[n, ...]`; the results `[batch, ...]`.
+    """
+    has_context = context is not None
+    if not has_context:
+        context = ()  # an empty structure the loop can carry
+    beams = strategy.beams
+    caps = _length_caps(length_caps, batch_size, max_decode_length)  # [batch]
+    start_ids = tf.fill([batch_size], tf.constant(start_id, tf.int32))
+    search = strategy.initialize(batch_size, start_ids, caps, max_decode_length)
 
     def cond(step, active, *_):
         return tf.logical_and(step < max_decode_length, tf.size(active) > 0)
 
-    def body(step, active, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-             finished_flags, finished_count, caps, max_penalty, state, context, result_seq,
-             result_scores, result_flags, first=False):
-        (alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores, finished_flags,
-         finished_count, done, parents, state) = expand(
-            step, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-            finished_flags, finished_count, caps, max_penalty, state, context, first)
-        carried = (active, alive_ids, alive_seq, alive_log_probs, finished_seq, finished_scores,
-                   finished_flags, finished_count, caps, max_penalty)
+    def body(step, active, search, state, context, results, first=False):
+        ids = strategy.inputs(search, first)
+        if has_context:
+            logits, state = symbols_to_logits_fn(ids, step, state, context, 1 if first else beams)
+        else:
+            logits, state = symbols_to_logits_fn(ids, step, state)
+        if first:  # one row per sentence -> the beams
+            logits, state = tf.nest.map_structure(lambda t: tile_beams(t, beams), (logits, state))
+        search, parents, done = strategy.step(step, logits, search)
 
         def drop_done():
-            # The n best of the sentences that are done go to the result...
-            done_pos = tf.where(done)[:, 0]
-            rows = tf.gather(active, done_pos)[:, tf.newaxis]
-            results = tuple(
-                tf.tensor_scatter_nd_update(result, rows,
-                                            tf.gather(t[:, :num_hypotheses], done_pos))
-                for result, t in ((result_seq, finished_seq), (result_scores, finished_scores),
-                                  (result_flags, finished_flags)))
-            # ...and the others stay: one gather reorders and compacts the state.
+            # The outputs of the sentences that are done go to the results...
+            done_rows = tf.where(done)[:, 0]
+            rows = tf.gather(active, done_rows)[:, tf.newaxis]
+            new_results = tf.nest.map_structure(
+                lambda result, t: tf.tensor_scatter_nd_update(result, rows, tf.gather(t, done_rows)),
+                results, strategy.results(search))
+            # ...and the others stay: one gather compacts (and reorders) the state.
             keep = tf.where(tf.logical_not(done))[:, 0]  # [kept]
-            kept_rows = tf.reshape(tf.gather(parents, keep)
-                                   + tf.cast(keep, tf.int32)[:, tf.newaxis] * beam_size,
-                                   [-1])  # [kept * beam]
-            context_rows = tf.reshape(
-                tf.cast(keep, tf.int32)[:, tf.newaxis] * beam_size + tf.range(beam_size),
-                [-1]) if tile_context else keep
-            return (tf.nest.map_structure(lambda t: tf.gather(t, keep), carried),
-                    tf.nest.map_structure(lambda t: tf.gather(t, kept_rows), state),
-                    tf.nest.map_structure(lambda t: tf.gather(t, context_rows), context),
-                    results)
+            state_rows = keep if parents is None else tf.reshape(
+                tf.gather(parents, keep) + tf.cast(keep, tf.int32)[:, tf.newaxis] * beams, [-1])
+            return (*tf.nest.map_structure(lambda t: tf.gather(t, keep),
+                                           (active, search, context)),
+                    tf.nest.map_structure(lambda t: tf.gather(t, state_rows), state),
+                    new_results)
 
-        def reorder():  # no sentence is done: only the state follows the alive hypotheses
-            return (carried, _gather_beams(state, parents, tf.shape(parents)[0], beam_size),
-                    context, (result_seq, result_scores, result_flags))
+        def keep_all():  # no sentence is done: only the state follows the alive hypotheses
+            reordered = state if parents is None else _gather_beams(
+                state, parents, tf.shape(parents)[0], beams)
+            return active, search, context, reordered, results
 
-        kept, state, context, (result_seq, result_scores, result_flags) = tf.cond(
-            tf.reduce_any(done), drop_done, reorder)
-        return (step + 1, *kept, state, context, result_seq, result_scores, result_flags)
+        active, search, context, state, results = tf.cond(tf.reduce_any(done), drop_done,
+                                                          keep_all)
+        return step + 1, active, search, state, context, results
 
-    result_seq = tf.zeros([batch_size, num_hypotheses, max_decode_length], tf.int32)
-    result_scores = tf.fill([batch_size, num_hypotheses], NEG_INF)
-    result_flags = tf.zeros([batch_size, num_hypotheses], tf.bool)
-    loop_vars = (tf.constant(0, tf.int32), tf.range(batch_size), *start, caps, max_penalty,
-                 state, context, result_seq, result_scores, result_flags)
-    invariants = tf.nest.map_structure(
-        lambda t: tf.TensorShape([None, *t.shape[1:]]), loop_vars[1:11])
-    invariants = (tf.TensorShape([]), *invariants,
-                  _batch_free(state, state_shape_invariants), _batch_free(context),
-                  result_seq.shape, result_scores.shape, result_flags.shape)
-    if first_step:
+    loop_vars = (tf.constant(0, tf.int32), tf.range(batch_size), search, initial_state, context,
+                 strategy.empty_results(batch_size, max_decode_length))
+    if strategy.first_step_per_sentence:  # step 0 before the loop, one row per sentence
         loop_vars = body(*loop_vars, first=True)
+    invariants = (tf.TensorShape([]), tf.TensorShape([None]), _batch_free(loop_vars[2]),
+                  _batch_free(loop_vars[3], state_shape_invariants), _batch_free(loop_vars[4]),
+                  tf.nest.map_structure(lambda t: t.shape, loop_vars[5]))
     outputs = tf.while_loop(cond, body, loop_vars, shape_invariants=invariants)
-    return outputs[-3:]
+    return strategy.finalize(outputs[-1])
+
+
+def greedy_search(symbols_to_logits_fn, initial_state, *, end_id=END_ID, **loop_options):
+    """`decode` with a `GreedySearch`: ids int32 `[batch, max_decode_length]` (END included
+    where produced, `PAD_ID` after it) and scores float32 `[batch]`, the sum of the generated
+    tokens' log-probabilities. `loop_options` are `decode`'s keyword arguments."""
+    return decode(GreedySearch(end_id=end_id), symbols_to_logits_fn, initial_state,
+                  **loop_options)
+
+
+def beam_search(symbols_to_logits_fn, initial_state, *, beam_size, alpha=0.6, num_hypotheses=1,
+                stopping="exact", patience=1.0, end_id=END_ID, **loop_options):
+    """`decode` with a `BeamSearch` (see its arguments): ids int32 `[batch, num_hypotheses,
+    max_decode_length]` and scores float32 `[batch, num_hypotheses]`, log P / lp, best first.
+    `loop_options` are `decode`'s keyword arguments."""
+    strategy = BeamSearch(beam_size, alpha=alpha, num_hypotheses=num_hypotheses,
+                          stopping=stopping, patience=patience, end_id=end_id)
+    return decode(strategy, symbols_to_logits_fn, initial_state, **loop_options)
 
 
 def tile_beams(tensor, beam_size):
     """`[batch, ...]` -> `[batch * beam, ...]`, each row repeated `beam_size` times in place.
 
-    The layout of the state and ids that `beam_search` passes to the step function: row
+    The layout of the state and ids that beam search passes to the step function: row
     `b * beam_size + j` is beam j of sentence b.
     """
     return tf.repeat(tensor, beam_size, axis=0)
@@ -540,15 +424,6 @@ def _batch_free(structure, shape_invariants=None):
     if shape_invariants is not None:
         return tf.nest.map_structure(lambda s: tf.TensorShape([None, *s[1:]]), shape_invariants)
     return tf.nest.map_structure(lambda t: tf.TensorShape([None, *t.shape[1:]]), structure)
-
-
-def _shape_invariants(loop_vars, state_shape_invariants):
-    """`tf.while_loop` shape invariants: every loop variable keeps its shape except the state
-    (the last loop variable), which follows `state_shape_invariants` when given."""
-    if state_shape_invariants is None:
-        return None
-    return (*tf.nest.map_structure(lambda t: t.shape, loop_vars[:-1]),
-            state_shape_invariants)
 
 
 def _length_caps(length_caps, batch_size, max_decode_length):

@@ -132,7 +132,6 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
     if not translator.frozen_weights:
         translator = Translator(translator.model, translator.source_tokenizer,
                                 translator.target_tokenizer, translator.decode_config,
-                                jit_compile=translator.jit_compile,
                                 max_source_length=translator.max_source_length,
                                 frozen_weights=True)
     partial = export_dir.with_name(f".{export_dir.name}.partial")
@@ -260,7 +259,7 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
     version; `batching`: see `RequestBatching`), or with `format="ctranslate2"` a CTranslate2
     model folder at `model_root` itself (`quantization` float32, int8, bfloat16, ...).
 
-    `translator_args` go to `translator_from_run` (weights, beam_size, alpha, jit_compile).
+    `translator_args` go to `translator_from_run` (weights, beam_size, alpha).
     A `model_root` that cannot be written, or an existing version, is refused before the model
     is loaded.
     """
@@ -288,8 +287,6 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
 
 
 def _export_run_ctranslate2(run_dir, output_dir, quantization, **translator_args) -> Path:
-    if translator_args.get("jit_compile"):
-        raise ConfigError("--xla is for SavedModel exports; a CTranslate2 model has no XLA")
     try:
         from keras_transformer.ctranslate2_export import export_ctranslate2
     except ImportError as error:

@@ -11,6 +11,8 @@ from keras import ops
 from keras_transformer import compat
 from keras_transformer.config import ModelConfig, from_dict
 from keras_transformer.layers import Decoder, Encoder, PositionalEmbedding
+from keras_transformer.layers.attention import attention_bias
+from keras_transformer.layers.ops import Packing, value
 from keras_transformer.losses import sum_over_replicas, target_weights
 from keras_transformer.tokenizers import PAD_ID
 
@@ -36,9 +38,8 @@ class Transformer(keras.Model):
         >>> model = Transformer(ModelConfig.from_preset("tiny"))
         >>> logits = model((source_ids, target_in_ids))
 
-    Decoding calls `encode`, `precompute_context` and `init_cache` once per batch, then
-    `decode_step` once per token: `lambda ids, step, state: model.decode_step(ids, step, state,
-    context)` is the `symbols_to_logits_fn` of `keras_transformer.decoding`.
+    Decoding reads `inference_weights` and calls `start_decoding` and `init_cache` once per
+    batch, then `decode_step` once per token (`keras_transformer.decoding` drives the loop).
     """
 
     def __init__(self, config: ModelConfig | dict, **kwargs):
@@ -47,8 +48,8 @@ class Transformer(keras.Model):
             config = from_dict(ModelConfig, config, "model")
         self.config = config
         layer_args = dict(d_model=config.d_model, dropout=config.dropout, dtype=self.dtype_policy)
-        stack_args = dict(layer_args, num_layers=config.num_layers, num_heads=config.num_heads,
-                          dff=config.dff, norm=config.norm)
+        stack_args = dict(layer_args, num_heads=config.num_heads, dff=config.dff,
+                          norm=config.norm, activation=config.activation)
         self.source_embedding = PositionalEmbedding(
             vocab_size=config.source_vocab_size, max_positions=config.max_positions,
             name="source_embedding", **layer_args)
@@ -58,8 +59,8 @@ class Transformer(keras.Model):
             self.target_embedding = PositionalEmbedding(
                 vocab_size=config.target_vocab_size, max_positions=config.max_positions,
                 name="target_embedding", **layer_args)
-        self.encoder = Encoder(name="encoder", **stack_args)
-        self.decoder = Decoder(name="decoder", **stack_args)
+        self.encoder = Encoder(num_layers=config.num_layers, name="encoder", **stack_args)
+        self.decoder = Decoder(num_layers=config.decoder_layers, name="decoder", **stack_args)
         self.final_layer = None
         if config.share_embeddings == "none":
             self.final_layer = keras.layers.Dense(
@@ -204,45 +205,94 @@ class Transformer(keras.Model):
             self.target_embedding.project(x))
         return ops.cast(logits, "float32")
 
-    def precompute_context(self, context, source_mask) -> dict:
-        """What every decoding step reads but never changes, computed once per batch:
-        `{"source_mask": bool [batch, source_len], "layers": [per layer {"key", "value"}
-        [batch, heads, source_len, head_dim]]}` (the cross-attention keys and values)."""
-        return {"source_mask": source_mask, "layers": self.decoder.precompute_context(context)}
+    # ------------------------------------------------------------------ decoding
+    # The searches' arithmetic: each layer's own inference step over its weights' tensors
+    # (`inference_weights`), read once per batch so that the loop body reads no variable.
+    # Tests check it against the teacher-forced `call`.
 
-    def init_cache(self, batch_size, max_decode_length=None) -> list:
-        """The decoding state: per layer, self-attention `{"key", "value"}` caches of zeros
-        `[batch, heads, max_decode_length, head_dim]`, or `[batch, heads, 0, head_dim]` caches that
-        grow by one position per step when `max_decode_length` is None (`decode_step(...,
-        growing=True)`; cheaper, but a `tf.while_loop` over them needs `cache_shape_invariants`
-        and XLA cannot compile it). Every tensor has the batch as leading dimension, so that
-        beam search can tile and reorder it."""
-        return self.decoder.init_cache(batch_size, 0 if max_decode_length is None else max_decode_length,
-                                       self.compute_dtype)
+    def inference_weights(self) -> dict:
+        """The weights of the decoding steps as tensors in their layout (fused, pre-scaled
+        projections, folded pre-norm LayerNorms, the output projection `[d_model, vocab]`):
+        `{"source_embedding", "encoder", "target_embedding", "decoder", "logits"}`. Call it
+        inside the `tf.function` that decodes a batch, or freeze it into variables."""
+        dtype = tf.as_dtype(self.compute_dtype)
+        if self.final_layer is not None:
+            logits = {"kernel": value(self.final_layer.kernel, dtype),  # [d_model, vocab]
+                      "bias": value(self.final_layer.bias, dtype)}
+        else:  # the shared embedding matrix, transposed once: oneDNN's matmul reads a
+            # [d_model, vocab] kernel faster than a transposed [vocab, d_model] one
+            logits = {"embeddings_t": tf.transpose(
+                value(self.target_embedding.token_embedding.embeddings, dtype))}
+        return {"source_embedding": self.source_embedding.inference_weights(),
+                "encoder": self.encoder.inference_weights(dtype),
+                "target_embedding": self.target_embedding.inference_weights(),
+                "decoder": self.decoder.inference_weights(dtype),
+                "logits": logits}
+
+    def encode_rows(self, weights, source_ids):
+        """`encode` for inference, on the source's real tokens only.
+
+        Args:
+            weights: `inference_weights()`.
+            source_ids: int32 `[batch, source_len]`, padded with PAD.
+
+        Returns:
+            `(context, packing)`: the encoder output of the real tokens `[tokens, d_model]` in
+            the compute dtype, and the `layers.ops.Packing` of the source mask that orders them.
+        """
+        dtype = tf.as_dtype(self.compute_dtype)
+        packing = Packing(tf.not_equal(source_ids, PAD_ID))
+        positions = tf.tile(tf.range(packing.length), [packing.batch])  # [batch * len]
+        x = self.source_embedding.embed(weights["source_embedding"],
+                                        packing.pack(tf.reshape(source_ids, [-1])),
+                                        packing.pack(positions), dtype)  # [tokens, d_model]
+        bias = attention_bias(packing.mask[:, None, None, :])  # [batch, 1, 1, source_len]
+        return self.encoder.packed_call(weights["encoder"], x, packing, bias), packing
+
+    def start_decoding(self, weights, source_ids) -> dict:
+        """Encodes a batch for `decode_step`: the memory every step reads but never changes,
+        `{"bias": float32 [batch, 1, 1, source_len] (the source mask as an attention bias),
+        "layers": [per decoder layer {"key", "value"} [batch, heads, source_len, head_dim]]}`."""
+        context, packing = self.encode_rows(weights, source_ids)
+        return {"bias": attention_bias(packing.mask[:, None, None, :]),
+                "layers": self.decoder.precompute(weights["decoder"], context, packing)}
+
+    def init_cache(self, batch_size) -> list:
+        """The decoding state: per decoder layer, empty self-attention caches `{"key", "value"}`
+        `[batch, heads, 0, head_dim]` that grow by one position per step."""
+        return self.decoder.init_cache(batch_size, tf.as_dtype(self.compute_dtype))
 
     @staticmethod
-    def cache_shape_invariants(state) -> list:
-        """`tf.TensorShape`s for a `tf.while_loop` over growing caches: batch and length free."""
+    def cache_shape_invariants(cache) -> list:
+        """`tf.TensorShape`s of the caches for a `tf.while_loop`: batch and length free."""
         return tf.nest.map_structure(
-            lambda t: tf.TensorShape([None, t.shape[1], None, t.shape[3]]), state)
+            lambda t: tf.TensorShape([None, t.shape[1], None, t.shape[3]]), cache)
 
-    def decode_step(self, ids, step, state, context, growing=False):
+    def decode_step(self, weights, ids, step, cache, memory, beams=1):
         """One cached decoding step.
 
         Args:
-            ids: int32 `[batch]`, the tokens at position `step` (START at step 0).
+            weights: `inference_weights()`.
+            ids: int32 `[batch * beams]`, the tokens at position `step` (START at step 0).
             step: int32 scalar.
-            state: from `init_cache` or the previous step.
-            context: from `precompute_context` (tiled to the beams for beam search).
-            growing: True for the growing caches of `init_cache(batch, None)`.
+            cache: from `init_cache` or the previous step (positions < `step`).
+            memory: from `start_decoding`, one row per `beams` consecutive rows of `ids` (the
+                beams of a sentence share its keys and values).
 
         Returns:
-            `(logits float32 [batch, target_vocab_size], state)`: logits for position step + 1.
+            `(logits float32 [batch * beams, target_vocab_size], cache)`: logits for position
+            `step + 1`, the cache with position `step`.
         """
-        x = self.target_embedding(ids[:, None], start_position=step, training=False)
-        x, state = self.decoder.step(x, step, state, context["layers"], context["source_mask"],
-                                     growing=growing)
-        return self._logits(x[:, 0]), state
+        dtype = tf.as_dtype(self.compute_dtype)
+        x = self.target_embedding.embed(weights["target_embedding"], ids, step, dtype)
+        x, cache = self.decoder.step(weights["decoder"], x, cache, memory["layers"],
+                                     memory["bias"], beams)
+        logits = weights["logits"]
+        if "kernel" in logits:
+            x = tf.matmul(x, logits["kernel"]) + logits["bias"]
+        else:
+            x = tf.matmul(x, logits["embeddings_t"])
+        return (x if x.dtype == tf.float32 else tf.cast(x, tf.float32)), cache
 
     def get_config(self):
         return {**super().get_config(), "config": dataclasses.asdict(self.config)}

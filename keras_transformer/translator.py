@@ -37,29 +37,23 @@ import itertools
 import os
 from typing import Callable, Sequence
 
-import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_transformer import decoding
+from keras_transformer import decoding, tokenizers
 from keras_transformer.config import ConfigError, DecodeConfig
 from keras_transformer.evaluation import score
-from keras_transformer.inference import DecoderStep, EncoderPass
 from keras_transformer.model import Transformer
 from keras_transformer.runs import Run
-from keras_transformer.tokenizers import END_ID, START_ID, Tokenizer, normalize_text
+from keras_transformer.search_rules import STOPPING_RULES
+from keras_transformer.tokenizers import END_ID, PAD_ID, Tokenizer, normalize_text
 
-STRINGS_SPEC = tf.TensorSpec([None], tf.string, name="source")
+STRINGS_SPEC = tokenizers.STRINGS_SPEC
 ALPHA_SPEC = tf.TensorSpec([], tf.float32, name="alpha")
 SIGNATURE_INPUT = "source"  # the input key of every exported signature
 SIGNATURES = ("serving_default", "translate_greedy", "translate_beam", "translate_nbest")
 TranslateFn = Callable[[tf.Tensor], dict]  # string [batch] -> {"translation": string [batch], ...}
-
-# Under XLA every new input shape compiles the decoder loop again (seconds each), so shapes are
-# rounded up to a few sizes: source columns to a multiple of 16 (padding is masked), the output
-# buffer to a multiple of 32 (per-sentence caps still stop each sentence where it would stop).
-XLA_SOURCE_BUCKET = 16
-XLA_OUTPUT_BUCKET = 32
+SEARCHES = ("greedy", "beam", "nbest")  # `Translator.translate(search=...)`
 
 
 class Translator(tf.Module):
@@ -68,8 +62,7 @@ class Translator(tf.Module):
     Sources longer than `max_source_length` tokens (START and END included) are truncated to
     their first `max_source_length - 1` tokens plus END (documented, never an error). Outputs
     are at most source length + `max_extra_length` tokens, capped by the model's
-    `max_positions` (section 6.1), and the self-attention caches grow with the output (under
-    XLA: sized to the batch's longest cap).
+    `max_positions` (section 6.1), and the self-attention caches grow with the output.
 
     Args:
         model: a trained `Transformer`.
@@ -77,25 +70,21 @@ class Translator(tf.Module):
             vocabulary).
         decode_config: beam size and length penalty of `__call__` (serving_default),
             `translate_beam` and `translate_nbest`.
-        jit_compile: compile encoder + search with XLA (tokenizers stay outside: tf-text ops have
-            no XLA kernels). Shapes are bucketed (see XLA_SOURCE_BUCKET). TF Serving runs such
-            a model only with `--xla_cpu_compilation_enabled=true`.
         max_source_length: the longest source, in tokens with START/END, before truncation;
             default and upper bound: the model's `max_positions` (`translator_from_run` passes
             the run's `data.max_pair_length`, the longest source training saw).
-        frozen_weights: prepare the weights in the layout the decoding reads (fused, pre-scaled
-            q|k|v kernels, pre-norm LayerNorms folded into the projections they feed, the
-            transposed output embedding, ...) once, here, as variables of
-            their own, instead of at every call; the module then reads (and a SavedModel
-            stores) those instead of the model's variables, and later changes to the model's
-            weights do not reach it. For exports and fixed runs; training's validation
-            translates with live weights.
+        frozen_weights: prepare the weights in the layout the decoding reads
+            (`Transformer.inference_weights`: fused, pre-scaled q|k|v kernels, pre-norm
+            LayerNorms folded into the projections they feed, the transposed output embedding,
+            ...) once, here, as variables of their own, instead of at every call; the module then
+            reads (and a SavedModel stores) those instead of the model's variables, and later
+            changes to the model's weights do not reach it. For exports and fixed runs;
+            training's validation translates with live weights.
     """
 
     def __init__(self, model: Transformer, source_tokenizer: Tokenizer,
                  target_tokenizer: Tokenizer, decode_config: DecodeConfig = DecodeConfig(),
-                 jit_compile: bool = False, max_source_length: int | None = None,
-                 frozen_weights: bool = False, name=None):
+                 max_source_length: int | None = None, frozen_weights: bool = False, name=None):
         super().__init__(name=name)
         if decode_config.beam_size > target_tokenizer.vocab_size:
             raise ConfigError(f"decode.beam_size={decode_config.beam_size} is larger than the "
@@ -106,7 +95,6 @@ class Translator(tf.Module):
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
         self.decode_config = decode_config
-        self.jit_compile = jit_compile
         positions = model.config.max_positions
         self.max_source_length = min(max_source_length or positions, positions)
         # The session-based loader (saved_model_cli, TF Serving) finds variables only if the
@@ -114,8 +102,7 @@ class Translator(tf.Module):
         # compiled model's optimizer is thus never tracked either.
         self.frozen_weights = frozen_weights
         if frozen_weights:
-            weights = {"encoder": EncoderPass(model).read_weights(),
-                       "decoder": DecoderStep(model).read_weights()}
+            weights = model.inference_weights()
             self.inference_variables = _shared_variables(tf.nest.flatten(weights))
             object.__setattr__(self, "_weight_structure",
                                tf.nest.map_structure(lambda _: None, weights))
@@ -125,12 +112,13 @@ class Translator(tf.Module):
         # first time in a process) the model code they call. Kept out of sight of
         # tf.saved_model.save (a plain dict, not an attribute of type tf.function): it would
         # trace each search again outside the signatures' graphs and store the copies.
-        object.__setattr__(self, "_searches", {
-            "greedy": tf.function(self._greedy_search, jit_compile=jit_compile, autograph=False),
-            "beam": tf.function(self._beam_search, jit_compile=jit_compile, autograph=False),
-            "beam_at_alpha": tf.function(self._translate_beam_at_alpha,
-                                         input_signature=[STRINGS_SPEC, ALPHA_SPEC],
-                                         autograph=False)})
+        object.__setattr__(self, "_traced", {
+            "greedy": tf.function(functools.partial(self._search_ids, beam=False),
+                                  autograph=False),
+            "beam": tf.function(functools.partial(self._search_ids, beam=True), autograph=False),
+            "translate_beam": tf.function(functools.partial(self.translate, search="beam"),
+                                          input_signature=[STRINGS_SPEC, ALPHA_SPEC],
+                                          autograph=False)})
 
     @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
     def __call__(self, source):
@@ -141,15 +129,20 @@ class Translator(tf.Module):
     def translate_greedy(self, source):
         """Greedy decoding: `{"translation": string [batch], "score": float32 [batch]}` with the
         sum of the tokens' log-probabilities as score."""
-        return self._translate_words(source, self._greedy_rows,
-                                     {"translation": "", "score": 0.0})
+        return self.translate(source, "greedy")
 
     @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
     def translate_beam(self, source):
         """Beam search: `{"translation": string [batch], "score": float32 [batch]}` with the
         length-normalized log-probability log P / lp as score."""
-        return self._translate_beam_at_alpha(
-            source, tf.constant(self.decode_config.alpha, tf.float32))
+        return self.translate(source, "beam")
+
+    @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
+    def translate_nbest(self, source):
+        """The `beam_size` best hypotheses, best first: `{"translations": string [batch, beam],
+        "scores": float32 [batch, beam]}`; an empty slot (fewer possible sequences than beams)
+        has translation "" and score `decoding.NEG_INF`."""
+        return self.translate(source, "nbest")
 
     def beam_translator(self, alpha: float) -> TranslateFn:
         """`translate_beam` with length penalty `alpha` instead of the config's. Every alpha runs
@@ -158,22 +151,7 @@ class Translator(tf.Module):
         if not alpha >= 0:
             raise ConfigError(f"alpha={alpha}: must be >= 0")
         alpha = tf.constant(alpha, tf.float32)
-        return lambda source: self._searches["beam_at_alpha"](source, alpha)
-
-    def _translate_beam_at_alpha(self, source, alpha):
-        """`translate_beam`'s body, with `alpha` a float32 scalar tensor."""
-        return self._translate_words(source, functools.partial(self._beam_rows, alpha=alpha),
-                                     {"translation": "", "score": 0.0})
-
-    @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
-    def translate_nbest(self, source):
-        """The `beam_size` best hypotheses, best first: `{"translations": string [batch, beam],
-        "scores": float32 [batch, beam]}`; an empty slot (fewer possible sequences than beams)
-        has translation "" and score `decoding.NEG_INF`."""
-        beam_size = self.decode_config.beam_size
-        nothing = {"translations": [""] * beam_size,
-                   "scores": [0.0] + [decoding.NEG_INF] * (beam_size - 1)}
-        return self._translate_words(source, self._nbest_rows, nothing)
+        return lambda source: self._traced["translate_beam"](source, alpha)
 
     def signatures(self) -> dict:
         """The tf.functions to export, keyed by signature name (see the module docstring).
@@ -183,207 +161,134 @@ class Translator(tf.Module):
         return {"serving_default": self.__call__, "translate_greedy": self.translate_greedy,
                 "translate_beam": self.translate_beam, "translate_nbest": self.translate_nbest}
 
-    def _translate_words(self, source, translate_rows, no_words: dict) -> dict:
-        """Normalizes `source` string [batch] (`normalize_text`), runs `translate_rows` on the
-        sentences that have words, and gives the others the row `no_words`.
+    def translate(self, source, search: str = "beam", alpha=None) -> dict:
+        """The body of the signatures: string `[batch]` -> the outputs of `search`, "greedy",
+        "beam" (the best beam) or "nbest" (see the signatures), in input order; `alpha`: the
+        beam search's length penalty (default: the config's).
 
-        Args:
-            translate_rows: string [n] -> {key: [n, ...]}, the n >= 1 sentences' outputs.
-            no_words: {key: one row of that key's output} for "" and whitespace-only sources.
-
-        Returns:
-            {key: [batch, ...]} in input order. The decoded sentences see exactly the batch
-            they would see without the others (so their outputs are bitwise the same), and a
-            batch without words runs no search at all.
+        Sources are normalized (`normalize_text`); the ones left without words get "" with
+        score 0 (nbest: then empty slots) and are not decoded. The decoded sentences see
+        exactly the batch they would see without the others (so their outputs are bitwise the
+        same), and a batch without words runs no search at all.
         """
+        if search not in SEARCHES:
+            raise ValueError(f"search={search!r} is not one of {', '.join(SEARCHES)}")
+        beam_size = self.decode_config.beam_size
+        if search == "nbest":
+            no_words = {"translations": [""] * beam_size,
+                        "scores": [0.0] + [decoding.NEG_INF] * (beam_size - 1)}
+        else:
+            no_words = {"translation": "", "score": 0.0}
+        no_words = {key: tf.constant(value) for key, value in no_words.items()}
         source = normalize_text(source)
         has_words = tf.strings.length(source) > 0  # [batch]
         rows = tf.range(tf.size(source))
         decoded, skipped = tf.boolean_mask(rows, has_words), tf.boolean_mask(rows, ~has_words)
-        no_words = {key: tf.constant(value) for key, value in no_words.items()}
+
+        def translate_rows():
+            ids, scores = self.search(self._tokenize(tf.gather(source, decoded)),
+                                      "greedy" if search == "greedy" else "beam", alpha)
+            if search == "greedy":
+                return {"translation": self.target_tokenizer.detokenize(ids), "score": scores}
+            if search == "beam":  # the best is the first of the n-best: one search, one trace
+                return {"translation": self.target_tokenizer.detokenize(ids[:, 0]),
+                        "score": scores[:, 0]}
+            flat = tf.reshape(ids, [-1, tf.shape(ids)[2]])  # [n * beam, len]
+            texts = tf.reshape(self.target_tokenizer.detokenize(flat), [-1, beam_size])
+            return {"translations": texts, "scores": scores}
 
         def no_rows():
             return {key: tf.repeat(row[None], 0, axis=0) for key, row in no_words.items()}
 
-        outputs = tf.cond(tf.size(decoded) > 0,
-                          lambda: translate_rows(tf.gather(source, decoded)), no_rows)
+        outputs = tf.cond(tf.size(decoded) > 0, translate_rows, no_rows)
         return {key: tf.dynamic_stitch(
                     [decoded, skipped],
                     [outputs[key], tf.repeat(row[None], tf.size(skipped), axis=0)])
                 for key, row in no_words.items()}
 
-    def _greedy_ids(self, source_ids, length_caps, max_decode_length):
-        """`_greedy_search` as a tf.function (compiled with XLA under `jit_compile`)."""
-        return self._searches["greedy"](source_ids, length_caps, max_decode_length)
+    def source_ids(self, source):
+        """What the search reads of `source` string `[batch]`: normalized (`normalize_text`),
+        tokenized and truncated (see the class), int32 `[batch, source_len]` START ... END,
+        padded with PAD."""
+        return self._tokenize(normalize_text(source))
 
-    def _beam_ids(self, source_ids, length_caps, max_decode_length, num_hypotheses=None,
-                  alpha=None):
-        """`_beam_search` as a tf.function (compiled with XLA under `jit_compile`), returning
-        `num_hypotheses` (default: all `beam_size`) hypotheses per sentence, ranked with length
-        penalty `alpha` (float32 scalar tensor; default: the config's)."""
-        if num_hypotheses is None:
-            num_hypotheses = self.decode_config.beam_size
-        if alpha is None:
-            alpha = tf.constant(self.decode_config.alpha, tf.float32)
-        return self._searches["beam"](source_ids, length_caps, max_decode_length, num_hypotheses,
-                                      alpha)
+    def search(self, source_ids, search: str = "beam", alpha=None, length_caps=None):
+        """The id-level search behind the signatures.
 
-    def _greedy_rows(self, source):
-        """string [n] -> {"translation": string [n], "score": float32 [n]} by greedy search."""
-        ids, scores = self._greedy_ids(*self._encode_inputs(source))  # [n, len], [n]
-        return {"translation": self.target_tokenizer.detokenize(ids), "score": scores}
+        Args:
+            source_ids: int32 `[batch, source_len]`, START ... END padded with PAD (see
+                `source_ids`); every row has at least START and END.
+            search: "greedy" or "beam" (`decode_config`'s beam size, stopping rule, patience).
+            alpha: float32 scalar tensor or float, the beam's length penalty (default: the
+                config's).
+            length_caps: int32 `[batch]`, the most tokens to generate per sentence (default:
+                source length + `max_extra_length`, at most the model's `max_positions`).
 
-    def _beam_rows(self, source, alpha):
-        """string [n] -> {"translation": string [n], "score": float32 [n]}, the best beam.
+        Returns:
+            greedy: ids int32 `[batch, max_len]` (END included where produced, PAD after it)
+            and scores float32 `[batch]` (log P); beam: ids `[batch, beam, max_len]` and scores
+            `[batch, beam]` (log P / lp), best first, the n-best of `decoding.BeamSearch`.
+        """
+        if search not in ("greedy", "beam"):
+            raise ValueError(f"search={search!r} is not one of 'greedy', 'beam'")
+        source_ids = tf.convert_to_tensor(source_ids, tf.int32)
+        if length_caps is None:
+            lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), axis=1)
+            length_caps = tf.minimum(lengths + self.decode_config.max_extra_length,
+                                     self.model.config.max_positions)
+        length_caps = tf.convert_to_tensor(length_caps, tf.int32)
+        max_decode_length = tf.reduce_max(tf.concat([length_caps, [1]], 0))
+        if search == "greedy":
+            return self._traced["greedy"](source_ids, length_caps, max_decode_length)
+        alpha = self.decode_config.alpha if alpha is None else alpha
+        return self._traced["beam"](source_ids, length_caps, max_decode_length,
+                                    tf.convert_to_tensor(alpha, tf.float32))
 
-        The best is the first of the n-best: both beam signatures call one search (one trace,
-        one copy in an export), which differs from a search for the best alone only in how many
-        finished hypotheses it hands back."""
-        ids, scores = self._beam_ids(*self._encode_inputs(source), alpha=alpha)  # [n, beam, len]
-        return {"translation": self.target_tokenizer.detokenize(ids[:, 0]),
-                "score": scores[:, 0]}
+    @property
+    def stopping_rule(self) -> str:
+        """How beam search decides a sentence is done (recorded in an export's provenance)."""
+        rule = STOPPING_RULES[self.decode_config.stopping]
+        if self.decode_config.stopping == "beam_full":
+            rule += f"; patience {self.decode_config.patience:g}"
+        return rule
 
-    def _nbest_rows(self, source):
-        """string [n] -> {"translations": string [n, beam], "scores": float32 [n, beam]}."""
-        beam_size = self.decode_config.beam_size
-        ids, scores = self._beam_ids(*self._encode_inputs(source))  # [n, beam, len], [n, beam]
-        flat = tf.reshape(ids, [-1, tf.shape(ids)[2]])  # [n * beam, len]
-        texts = tf.reshape(self.target_tokenizer.detokenize(flat), [-1, beam_size])
-        return {"translations": texts, "scores": scores}
-
-    def _encode_inputs(self, source):
-        """Source strings -> (ids int32 [batch, len], per-sentence output caps int32 [batch],
-        the output buffer length int32 [])."""
+    def _tokenize(self, source):
+        """Normalized source strings -> truncated ids int32 [batch, len]."""
         limit = self.max_source_length
-        positions = self.model.config.max_positions
         tokens = self.source_tokenizer.tokenize(source)  # ragged [batch, (len)], START ... END
         lengths = tf.cast(tokens.row_lengths(), tf.int32)  # [batch]
         source_ids = tokens.to_tensor()[:, :limit]  # [batch, min(longest, limit)]
         # A truncated source still ends with END, as every training source did.
         last_column = tf.range(tf.shape(source_ids)[1]) == limit - 1
-        source_ids = tf.where((lengths > limit)[:, None] & last_column[None, :], END_ID,
-                              source_ids)
-        lengths = tf.minimum(lengths, limit)
-        length_caps = tf.minimum(lengths + self.decode_config.max_extra_length, positions)
-        max_decode_length = tf.reduce_max(tf.concat([length_caps, [1]], 0))
-        if self.jit_compile:
-            source_ids = _pad_columns(source_ids, _round_up(tf.shape(source_ids)[1],
-                                                            XLA_SOURCE_BUCKET, limit))
-            max_decode_length = _round_up(max_decode_length, XLA_OUTPUT_BUCKET, positions)
-        return source_ids, length_caps, max_decode_length
+        return tf.where((lengths > limit)[:, None] & last_column[None, :], END_ID, source_ids)
 
-    def _greedy_search(self, source_ids, length_caps, max_decode_length):
-        """-> ids int32 [batch, max_decode_length], scores float32 [batch]
-        (see decoding.greedy_search)."""
+    def _search_ids(self, source_ids, length_caps, max_decode_length, alpha=None, *, beam):
+        """`search`'s traced body: encode, then `decoding.decode` over `decode_step`, every
+        weight read once per batch (not once per step inside the loop)."""
+        model, config = self.model, self.decode_config
+        if self.frozen_weights:
+            weights = tf.nest.pack_sequence_as(
+                self._weight_structure,
+                [tf.convert_to_tensor(v) for v in self.inference_variables])
+        else:
+            weights = model.inference_weights()
         batch_size = tf.shape(source_ids)[0]
-        cache, invariants = self._init_cache(batch_size, max_decode_length)
-        step_function, memory = self._step_function(source_ids)
-        return decoding.greedy_search(
-            step_function, cache, batch_size=batch_size,
-            max_decode_length=max_decode_length, start_id=START_ID, end_id=END_ID,
-            length_caps=length_caps, state_shape_invariants=invariants, context=memory,
-            compact=self._compact)
+        cache = model.init_cache(batch_size)
+        if beam:
+            strategy = decoding.BeamSearch(
+                config.beam_size, alpha=alpha, num_hypotheses=config.beam_size,
+                stopping=config.stopping, patience=config.patience)
+        else:
+            strategy = decoding.GreedySearch()
 
-    def _beam_search(self, source_ids, length_caps, max_decode_length, num_hypotheses, alpha):
-        """-> ids int32 [batch, n, max_decode_length], scores float32 [batch, n]
-        (see decoding.beam_search; `alpha` a float32 scalar tensor)."""
-        batch_size = tf.shape(source_ids)[0]
-        beam_size = self.decode_config.beam_size
-        cache, invariants = self._init_cache(batch_size, max_decode_length)
-        step_function, memory = self._step_function(source_ids, beams=beam_size)
-        return decoding.beam_search(
-            step_function, cache, batch_size=batch_size,
-            beam_size=beam_size, max_decode_length=max_decode_length,
-            alpha=alpha, stopping=self.decode_config.stopping,
-            patience=self.decode_config.patience,
-            start_id=START_ID, end_id=END_ID, length_caps=length_caps,
-            num_hypotheses=num_hypotheses, state_shape_invariants=invariants, context=memory,
-            tile_context=not self._fast_step, compact=self._compact,
-            first_step_fn=functools.partial(step_function, beams=1))
+        def step_function(ids, step, cache, memory, beams):
+            return model.decode_step(weights, ids, step, cache, memory, beams)
 
-    def _init_cache(self, batch_size, max_decode_length):
-        """The decoder's self-attention caches and their loop shape invariants.
-
-        Without XLA the caches grow by one position per step, so attention and beam reordering
-        cost the length decoded so far (a few tokens for most sentences) instead of the longest
-        cap of the batch (source length + 50). XLA needs fixed shapes: caches of `max_decode_length`.
-        """
-        init_cache = self._decoder_step.init_cache if self._fast_step else self.model.init_cache
-        if not self._growing_caches:
-            return init_cache(batch_size, max_decode_length), None
-        cache = init_cache(batch_size)
-        return cache, self.model.cache_shape_invariants(cache)
-
-    @property
-    def stopping_rule(self) -> str:
-        """How beam search decides a sentence is done (recorded in an export's provenance)."""
-        rule = decoding.STOPPING_RULES[self.decode_config.stopping]
-        if self.decode_config.stopping == "beam_full":
-            rule += f"; patience {self.decode_config.patience:g}"
-        return rule
-
-    @property
-    def _growing_caches(self) -> bool:
-        return not self.jit_compile
-
-    @property
-    def _compact(self) -> bool:
-        """Whether the searches drop finished sentences from the batch (not under XLA, whose
-        shapes are fixed)."""
-        return not self.jit_compile
-
-    @property
-    def _decoder_step(self) -> DecoderStep:
-        return DecoderStep(self.model, pack=not self.jit_compile)
-
-    def _step_function(self, source_ids, beams: int = 1):
-        """The search's `symbols_to_logits_fn` over the encoded source, and its context (the
-        memory it reads at every step but never changes: the encoder output's cross-attention
-        keys/values and the source mask, `[batch, ...]`; the searches drop finished sentences
-        from it, but never reorder it). `DecoderStep` takes it untiled, one row per `beams`
-        consecutive rows of ids (`beams=1` for step 0 of beam search, which runs on one row
-        per sentence); the Keras reference step takes it tiled to its rows whatever `beams`.
-
-        The source is encoded by `EncoderPass` and the decoder step is `DecoderStep`'s, both
-        over the weights' tensors read here once per batch (not once per step inside the loop).
-        `Transformer.encode` and `Transformer.decode_step` through the Keras layers are the
-        references they are tested against (`_fast_step` False).
-        """
-        growing = self._growing_caches
-        if self._fast_step:
-            encoder = EncoderPass(self.model, pack=not self.jit_compile)
-            decoder = self._decoder_step
-            if self.frozen_weights:
-                weights = tf.nest.pack_sequence_as(
-                    self._weight_structure, [tf.convert_to_tensor(v)
-                                             for v in self.inference_variables])
-                encoder_weights, weights = weights["encoder"], weights["decoder"]
-            else:
-                encoder_weights, weights = encoder.read_weights(), decoder.read_weights()
-            context, source_mask = encoder(encoder_weights, source_ids)
-
-            def step_function(ids, step, state, memory, beams=beams):
-                return decoder.step(weights, ids, step, state, memory, growing=growing,
-                                    beams=beams)
-
-            return step_function, decoder.precompute(weights, context, source_mask)
-
-        context, source_mask = self.model.encode(source_ids, training=False)
-        memory = self.model.precompute_context(context, source_mask)
-        # Every weight is read once per batch, here, instead of once per step inside the loop
-        # (about 90 ReadVariableOps per step for the tutorial model): in a stateless scope the
-        # layers see these tensors in place of their variables.
-        weights = self.model.weights
-        values = [tf.convert_to_tensor(weight.value) for weight in weights]
-
-        def keras_step_function(ids, step, state, memory, beams=None):
-            with keras.StatelessScope(state_mapping=list(zip(weights, values))):
-                return self.model.decode_step(ids, step, state, memory, growing=growing)
-
-        return keras_step_function, memory
-
-    _fast_step = True  # False: the Keras layers' `encode` and `decode_step` (the reference)
-
+        return decoding.decode(
+            strategy, step_function, cache, batch_size=batch_size,
+            max_decode_length=max_decode_length, length_caps=length_caps,
+            state_shape_invariants=model.cache_shape_invariants(cache),
+            context=model.start_decoding(weights, source_ids))
 
 
 def _shared_variables(tensors: list) -> list:
@@ -402,21 +307,10 @@ def _shared_variables(tensors: list) -> list:
     return variables
 
 
-def _round_up(value, multiple, limit):
-    """int32 scalar `value` rounded up to a multiple of `multiple`, at most `limit`."""
-    return tf.minimum((value + multiple - 1) // multiple * multiple, limit)
-
-
-def _pad_columns(ids, length):
-    """int32 [batch, len] -> [batch, length] padded with PAD (length >= len)."""
-    return tf.pad(ids, [[0, 0], [0, length - tf.shape(ids)[1]]])
-
-
 # ----------------------------------------------------------------------------- running it
 
 def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
-                        beam_size: int | None = None, alpha: float | None = None,
-                        jit_compile: bool = False) -> Translator:
+                        beam_size: int | None = None, alpha: float | None = None) -> Translator:
     """A Translator over a training run's never-compiled model and tokenizers, its weights
     frozen (`Translator(frozen_weights=True)`).
 
@@ -433,8 +327,7 @@ def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
     source_tokenizer, target_tokenizer = run.tokenizers()
     model = run.load_model(weights)
     return Translator(model, source_tokenizer, target_tokenizer, decode_config,
-                      jit_compile=jit_compile, max_source_length=config.data.max_pair_length,
-                      frozen_weights=True)
+                      max_source_length=config.data.max_pair_length, frozen_weights=True)
 
 
 def translate_texts(translate: TranslateFn, sentences: Sequence[str], *,

@@ -96,23 +96,49 @@ def test_attention_uses_papers_head_width():
     assert layer.mha.key_dim == D_MODEL // HEADS
 
 
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_decoder_cached_steps_equal_full_pass(norm):
-    decoder = layers.Decoder(num_layers=2, d_model=D_MODEL, num_heads=HEADS, dff=DFF, norm=norm)
+def test_decoder_steps_equal_full_pass(norm, activation):
+    """`Decoder.step` over `inference_weights`, one position at a time, gives the full pass."""
+    from keras_transformer.layers.attention import attention_bias
+    from keras_transformer.layers.ops import Packing
+
+    decoder = layers.Decoder(num_layers=2, d_model=D_MODEL, num_heads=HEADS, dff=DFF, norm=norm,
+                             activation=activation)
     rng = np.random.default_rng(2)
     x = rng.normal(size=(BATCH, TGT_LEN, D_MODEL)).astype("float32")
     context = rng.normal(size=(BATCH, SRC_LEN, D_MODEL)).astype("float32")
     context_mask = np.array([[True] * SRC_LEN, [True] * 4 + [False] * 3])
     full = decoder(x, context, context_mask=context_mask).numpy()
 
-    contexts = decoder.precompute_context(tf.constant(context))
-    caches = decoder.init_cache(BATCH, TGT_LEN + 3, "float32")
+    weights = decoder.inference_weights(tf.float32)
+    packing = Packing(tf.constant(context_mask))
+    memory = decoder.precompute(weights, packing.pack(tf.reshape(context, [-1, D_MODEL])), packing)
+    bias = attention_bias(context_mask[:, None, None, :])
+    caches = decoder.init_cache(BATCH, tf.float32)
     steps = []
     for t in range(TGT_LEN):
-        y, caches = decoder.step(tf.constant(x[:, t:t + 1]), tf.constant(t), caches, contexts,
-                                 context_mask)
-        steps.append(y.numpy()[:, 0])
+        y, caches = decoder.step(weights, tf.constant(x[:, t]), caches, memory, bias)
+        steps.append(y.numpy())
     np.testing.assert_allclose(np.stack(steps, axis=1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_feed_forward_activation(norm):
+    """`activation` is the inner activation of `call` and of `packed_call`, and round-trips."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(2, 3, D_MODEL)).astype("float32")
+    relu = layers.FeedForward(d_model=D_MODEL, dff=DFF, norm=norm)
+    gelu = layers.FeedForward(d_model=D_MODEL, dff=DFF, norm=norm, activation="gelu")
+    relu(x), gelu(x)
+    gelu.set_weights(relu.get_weights())
+    assert not np.allclose(relu(x), gelu(x), atol=1e-3)
+    for layer in (relu, gelu):
+        rows = layer.packed_call(layer.inference_weights(tf.float32), tf.reshape(x, [-1, D_MODEL]))
+        np.testing.assert_allclose(rows, tf.reshape(layer(x), [-1, D_MODEL]), atol=1e-5)
+    assert layers.FeedForward.from_config(gelu.get_config()).activation == "gelu"
+    with pytest.raises(ValueError, match="activation='tanh'"):
+        layers.FeedForward(d_model=D_MODEL, dff=DFF, activation="tanh")
 
 
 def test_layers_run_under_mixed_precision():

@@ -1,6 +1,5 @@
 """The Transformer model: shapes, masks, weight sharing, parameter count, saving, decoding API."""
 
-import functools
 
 import keras
 import numpy as np
@@ -165,107 +164,80 @@ def test_compile_builds_the_model_and_the_optimizer(tmp_path):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
-@pytest.mark.parametrize("growing", [False, True])
-def test_cached_decode_steps_equal_teacher_forcing(model, growing):
-    source, target = random_batch(seed=3)
-    full = model((source, target)).numpy()
-    context, mask = model.encode(source)
-    memory = model.precompute_context(context, mask)
-    state = model.init_cache(3, max_decode_length=None if growing else 12)
-    step_fn = functools.partial(model.decode_step, growing=growing)  # eager: shapes may change
+def decode_steps(model, source, target, beams=1, memory=None, rows=None):
+    """Logits `[batch * rows, target_len, vocab]` of `decode_step` fed `target` (each sentence's
+    ids repeated on `rows` rows, default `beams`; `beams` rows per row of the memory) one
+    position at a time, and the last caches."""
+    rows = beams if rows is None else rows
+    weights = model.inference_weights()
+    if memory is None:
+        memory = model.start_decoding(weights, tf.constant(source))
+    cache = model.init_cache(len(source) * rows)
+    steps = []
     for t in range(target.shape[1]):
-        logits, state = step_fn(tf.constant(target[:, t]), tf.constant(t), state, memory)
-        if growing:
-            assert [cache["key"].shape[2] for cache in state] == [t + 1] * len(state)
-        real = target[:, t] != 0
-        np.testing.assert_allclose(logits.numpy()[real], full[real, t], atol=1e-4)
+        ids = tf.constant(np.repeat(target[:, t], rows))
+        logits, cache = model.decode_step(weights, ids, tf.constant(t), cache, memory, beams)
+        assert logits.dtype == tf.float32
+        assert [c["key"].shape[2] for c in cache] == [t + 1] * len(cache)
+        steps.append(logits.numpy())
+    return np.stack(steps, axis=1), cache
 
 
-@pytest.mark.parametrize("growing", [False, True])
-@pytest.mark.parametrize("share", ["none", "target", "all"])
-@pytest.mark.parametrize("norm", ["post", "pre"])
-def test_inference_step_equals_keras_decode_step(norm, share, growing):
-    """`inference.DecoderStep` (fused q|k|v, the weights' tensors, no Keras layer calls) gives
-    the logits of the reference `Transformer.decode_step`, to float32 rounding."""
-    from keras_transformer.inference import DecoderStep
-
-    model = Transformer(tiny(norm=norm, share_embeddings=share))
+@pytest.mark.parametrize("config", [
+    dict(norm="post", share_embeddings="none"), dict(norm="post", share_embeddings="target"),
+    dict(norm="pre", share_embeddings="all"), dict(norm="pre", share_embeddings="none"),
+    dict(norm="pre", activation="gelu", num_decoder_layers=1),
+    dict(norm="post", activation="gelu", num_layers=3, num_decoder_layers=2)])
+def test_decode_steps_equal_teacher_forcing(config):
+    """The layers' decoding steps (fused q|k|v, folded pre-norm LayerNorms, packed encoder,
+    growing head-major caches) give the teacher-forced `call`'s logits at every real target
+    position, to float32 rounding; padding in the source changes nothing."""
+    model = Transformer(tiny(**config))
     source, target = random_batch(seed=5)
-    model((source, target))
+    full = model((source, target)).numpy()
     randomize_norms(model)
-    context, mask = model.encode(source)
-    memory = model.precompute_context(context, mask)
-    max_decode_length = None if growing else 12
-    state = model.init_cache(3, max_decode_length)
-    fast = DecoderStep(model)
-    weights = fast.read_weights()
-    fast_memory = fast.precompute(weights, context, mask)
-    fast_state = fast.init_cache(3, max_decode_length)
-    for t in range(target.shape[1]):
-        ids, step = tf.constant(target[:, t]), tf.constant(t)
-        logits, state = model.decode_step(ids, step, state, memory, growing=growing)
-        fast_logits, fast_state = fast.step(weights, ids, step, fast_state, fast_memory,
-                                            growing=growing)
-        assert fast_logits.dtype == tf.float32
-        np.testing.assert_allclose(fast_logits, logits, atol=1e-5, rtol=1e-5)
-        for cache, fast_cache in zip(state, fast_state):
-            np.testing.assert_allclose(fast_cache["key"], cache["key"], atol=1e-5)
-            np.testing.assert_allclose(fast_cache["value"], cache["value"], atol=1e-5)
+    full = model((source, target)).numpy()
+    stepped, _ = decode_steps(model, source, target)
+    real = target != 0
+    np.testing.assert_allclose(stepped[real], full[real], atol=1e-5, rtol=1e-5)
+    assert len(model.decoder.stack) == model.config.decoder_layers
 
 
-def test_inference_step_shares_each_sentences_memory_among_its_beams():
+def test_decode_step_shares_each_sentences_memory_among_its_beams():
     """With `beams=k`, k consecutive rows of ids read one row of the memory: the logits of the
     memory tiled to every row."""
     from keras_transformer.decoding import tile_beams
-    from keras_transformer.inference import DecoderStep
 
     model = Transformer(tiny())
     source, target = random_batch(seed=5)
     model((source, target))
-    context, mask = model.encode(source)
-    fast = DecoderStep(model)
-    weights = fast.read_weights()
-    memory = fast.precompute(weights, context, mask)  # 3 sentences
+    memory = model.start_decoding(model.inference_weights(), tf.constant(source))
     tiled = tf.nest.map_structure(lambda t: tile_beams(t, 2), memory)
-    shared_state = tiled_state = fast.init_cache(6)
-    for t in range(4):
-        ids, step = tf.constant(np.repeat(target[:, t], 2)), tf.constant(t)
-        shared, shared_state = fast.step(weights, ids, step, shared_state, memory, beams=2)
-        expected, tiled_state = fast.step(weights, ids, step, tiled_state, tiled)
-        np.testing.assert_allclose(shared, expected, atol=1e-5, rtol=1e-5)
+    shared, _ = decode_steps(model, source, target[:, :4], beams=2, memory=memory)
+    expected, _ = decode_steps(model, source, target[:, :4], beams=1, memory=tiled, rows=2)
+    np.testing.assert_allclose(shared, expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("pack", [True, False])
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_inference_encoder_equals_keras_encode(norm, pack):
-    """`inference.EncoderPass` gives `Transformer.encode`'s output and mask on a padded batch,
-    to float32 rounding; packed (the real tokens only), a padded position holds a copy of its
-    sentence's last real token."""
-    from keras_transformer.inference import EncoderPass
-
+def test_encode_rows_equals_encode(norm):
+    """`Transformer.encode_rows` gives `encode`'s output at the real tokens of a padded batch,
+    to float32 rounding, in the packed layout."""
     model = Transformer(tiny(norm=norm))
     source, target = random_batch(seed=7)
     model((source, target))
     randomize_norms(model)
     context, mask = model.encode(source, training=False)
-    encoder = EncoderPass(model, pack=pack)
-    fast_context, fast_mask = encoder(encoder.read_weights(), tf.constant(source))
+    rows, packing = model.encode_rows(model.inference_weights(), tf.constant(source))
     assert not np.all(mask)  # the batch has padding
-    np.testing.assert_array_equal(fast_mask, mask)
-    real = np.asarray(mask)
-    np.testing.assert_allclose(np.asarray(fast_context)[real], np.asarray(context)[real],
-                               atol=1e-5, rtol=1e-5)
-    if pack:
-        fast_context = np.asarray(fast_context)
-        last = real.sum(axis=1) - 1  # [batch]
-        for b, t in zip(*np.nonzero(~real)):
-            np.testing.assert_array_equal(fast_context[b, t], fast_context[b, last[b]])
+    np.testing.assert_array_equal(packing.mask, mask)
+    np.testing.assert_allclose(rows, np.asarray(context)[np.asarray(mask)], atol=1e-5,
+                               rtol=1e-5)
 
 
 def test_a_folded_norm_gives_the_projection_of_the_norm():
-    """`_fold_norm`: the plain normalization through the folded kernel and bias gives the
-    LayerNorm's output through the original ones; the layer no longer holds the norm."""
-    from keras_transformer.inference import _fold_norm, _layer_norm
+    """`fold_norm`: the plain normalization through the folded kernel and bias gives the
+    LayerNorm's output through the original ones."""
+    from keras_transformer.layers.normalization import fold_norm, normalize
 
     rng = np.random.default_rng(3)
     x = tf.constant(rng.normal(size=(5, 16)).astype("float32"))
@@ -273,85 +245,46 @@ def test_a_folded_norm_gives_the_projection_of_the_norm():
             "beta": tf.constant(rng.normal(0.0, 0.5, 16).astype("float32"))}
     kernel = tf.constant(rng.normal(size=(16, 24)).astype("float32"))
     bias = tf.constant(rng.normal(size=24).astype("float32"))
-    layer = {"norm": norm, "kernel": kernel, "bias": bias}
-    _fold_norm(layer, "norm", "kernel", "bias")
-    assert set(layer) == {"kernel", "bias"}
-    np.testing.assert_allclose(_layer_norm(x) @ layer["kernel"] + layer["bias"],
-                               _layer_norm(x, norm) @ kernel + bias, atol=1e-5, rtol=1e-5)
+    folded_kernel, folded_bias = fold_norm(norm, kernel, bias)
+    np.testing.assert_allclose(normalize(x) @ folded_kernel + folded_bias,
+                               normalize(x, norm) @ kernel + bias, atol=1e-5, rtol=1e-5)
 
 
-def test_padded_rows_index_the_packed_layout():
-    """`_padded_rows` gathers a padded position from its own packed row when it is real, from
-    the row of the last real token before it otherwise (the first row if there is none)."""
-    from keras_transformer.inference import _padded_rows, _real_rows
+def test_packing_indexes_the_packed_layout():
+    """`Packing` gathers a padded position from its own packed row when it is real, from the
+    row of the last real token before it otherwise (the first row if there is none)."""
+    from keras_transformer.layers.ops import Packing
 
-    mask = tf.constant([[False, False], [True, False], [True, True], [True, False]])
-    np.testing.assert_array_equal(_real_rows(mask), [2, 4, 5, 6])
-    np.testing.assert_array_equal(_padded_rows(mask), [0, 0, 0, 0, 1, 2, 3, 3])
+    packing = Packing(tf.constant([[False, False], [True, False], [True, True], [True, False]]))
+    np.testing.assert_array_equal(packing.rows, [2, 4, 5, 6])
+    np.testing.assert_array_equal(packing.padded_rows, [0, 0, 0, 0, 1, 2, 3, 3])
+    rows = tf.constant([[10.0], [20.0], [30.0], [40.0]])
+    np.testing.assert_array_equal(packing.pack(packing.unpack(rows)), rows)
 
 
 def test_attention_bias_gives_the_masked_logits_exactly():
-    """Adding `inference._attention_bias(mask)` to logits gives, bit for bit, the logits with
-    the masked positions replaced by the large negative value (what a select would give)."""
-    from keras_transformer.inference import _LARGE_NEGATIVE, _attention_bias
+    """Adding `attention_bias(mask)` to logits gives, bit for bit, the logits with the masked
+    positions replaced by the large negative value (what a select would give)."""
+    from keras_transformer.layers.attention import LARGE_NEGATIVE, attention_bias
 
     rng = np.random.default_rng(0)
     logits = tf.constant(rng.normal(scale=50.0, size=(3, 2, 4, 6)), tf.float32)
     mask = tf.constant(rng.random((3, 1, 1, 6)) > 0.4)
-    np.testing.assert_array_equal(logits + _attention_bias(mask),
-                                  tf.where(mask, logits, _LARGE_NEGATIVE))
+    np.testing.assert_array_equal(logits + attention_bias(mask),
+                                  tf.where(mask, logits, LARGE_NEGATIVE))
 
 
-def test_inference_memory_of_the_real_source_tokens_only():
-    """`DecoderStep.precompute` with `pack` projects the real tokens alone: their keys and
-    values are those of the padded layout, a padded position's are its sentence's last real
-    token's, and a decoding step over them gives the padded layout's logits."""
-    from keras_transformer.inference import DecoderStep
-
-    model = Transformer(tiny())
-    source, target = random_batch(seed=7)
-    model((source, target))
-    context, mask = model.encode(source, training=False)
-    real = np.asarray(mask)
-    packed, padded = (DecoderStep(model, pack=pack) for pack in (True, False))
-    weights = packed.read_weights()
-    packed_memory = packed.precompute(weights, context, mask)
-    padded_memory = padded.precompute(weights, context, mask)
-    last = real.sum(axis=1) - 1  # [batch]
-    for layer, full in zip(packed_memory["layers"], padded_memory["layers"]):
-        for name in ("key", "value"):
-            got = np.transpose(np.asarray(layer[name]), [0, 2, 1, 3])  # [batch, len, heads, dim]
-            want = np.transpose(np.asarray(full[name]), [0, 2, 1, 3])
-            np.testing.assert_allclose(got[real], want[real], atol=1e-6)
-            for b, t in zip(*np.nonzero(~real)):
-                np.testing.assert_array_equal(got[b, t], got[b, last[b]])
-    ids = tf.constant(target[:, 0])
-    logits = [packed.step(weights, ids, tf.constant(0), packed.init_cache(len(source)), memory)[0]
-              for memory in (packed_memory, padded_memory)]
-    np.testing.assert_allclose(logits[0], logits[1], atol=1e-5, rtol=1e-5)
-
-
-def test_inference_step_under_mixed_bfloat16():
+def test_decode_steps_under_mixed_bfloat16():
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
-        from keras_transformer.inference import DecoderStep
-
         model = Transformer(tiny(norm="pre"))
         source, target = random_batch(seed=6)
         model((source, target))
         randomize_norms(model)
-        context, mask = model.encode(source)
-        memory = model.precompute_context(context, mask)
-        state = model.init_cache(3)
-        fast = DecoderStep(model)
-        weights = fast.read_weights()
-        fast_memory, fast_state = fast.precompute(weights, context, mask), fast.init_cache(3)
-        for t in range(3):
-            ids, step = tf.constant(target[:, t]), tf.constant(t)
-            logits, state = model.decode_step(ids, step, state, memory, growing=True)
-            fast_logits, fast_state = fast.step(weights, ids, step, fast_state, fast_memory)
-            assert fast_logits.dtype == tf.float32
-            np.testing.assert_allclose(fast_logits, logits, atol=0.1)  # bfloat16 rounding
+        full = model((source, target)).numpy()
+        stepped, cache = decode_steps(model, source, target[:, :3])
+        assert cache[0]["key"].dtype == tf.bfloat16
+        np.testing.assert_allclose(stepped, full[:, :3], atol=0.1)  # bfloat16 rounding
     finally:
         keras.config.set_dtype_policy("float32")
 

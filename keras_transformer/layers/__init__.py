@@ -2,7 +2,6 @@
 
 from keras_transformer.layers.attention import (  # noqa: F401
     BaseAttention,
-    CachedMultiHeadAttention,
     CausalSelfAttention,
     CrossAttention,
     GlobalSelfAttention,

@@ -1,7 +1,6 @@
 """The decoder stack (section 3.1, right half of figure 1), with incremental decoding."""
 
 import keras
-import tensorflow as tf
 
 from keras_transformer.layers.attention import CausalSelfAttention, CrossAttention
 from keras_transformer.layers.feed_forward import FeedForward
@@ -12,6 +11,10 @@ from keras_transformer.layers.stack import LayerStack
 class DecoderLayer(keras.layers.Layer):
     """Masked self-attention, cross-attention to the encoder output, then feed-forward.
 
+    Args:
+        d_model, num_heads, dropout, norm: see `BaseAttention`.
+        dff, activation: see `FeedForward`.
+
     Call arguments:
         x: `[batch, target_len, d_model]`.
         context: encoder output `[batch, source_len, d_model]`.
@@ -21,19 +24,21 @@ class DecoderLayer(keras.layers.Layer):
         `[batch, target_len, d_model]`.
     """
 
-    def __init__(self, *, d_model, num_heads, dff, dropout=0.1, norm="post", **kwargs):
+    def __init__(self, *, d_model, num_heads, dff, dropout=0.1, norm="post", activation="relu",
+                 **kwargs):
         super().__init__(**kwargs)
         self.d_model = d_model
         self.num_heads = num_heads
         self.dff = dff
         self.dropout = dropout
         self.norm = norm
+        self.activation = activation
         sublayer_args = dict(d_model=d_model, dropout=dropout, norm=norm, dtype=self.dtype_policy)
         self.causal_self_attention = CausalSelfAttention(
             num_heads=num_heads, name="causal_self_attention", **sublayer_args)
         self.cross_attention = CrossAttention(
             num_heads=num_heads, name="cross_attention", **sublayer_args)
-        self.ffn = FeedForward(dff=dff, name="ffn", **sublayer_args)
+        self.ffn = FeedForward(dff=dff, activation=activation, name="ffn", **sublayer_args)
 
     def build(self, x_shape, context_shape):
         self.causal_self_attention.build(x_shape)
@@ -51,40 +56,30 @@ class DecoderLayer(keras.layers.Layer):
         x = self.causal_self_attention(x)
         return self.cross_attention.attention_scores(x, context, context_mask)
 
-    def precompute_context(self, context):
-        """The cross-attention keys and values of the encoder output, computed once per batch:
-        `{"key", "value"}`, each `[batch, heads, source_len, head_dim]`."""
-        key, value = self.cross_attention.mha.project_key_value(context)
-        return {"key": key, "value": value}
+    def inference_weights(self, dtype) -> dict:
+        """`{"causal_self_attention", "cross_attention", "ffn"}`: the sublayers'
+        `inference_weights(dtype)`."""
+        return {"causal_self_attention": self.causal_self_attention.inference_weights(dtype),
+                "cross_attention": self.cross_attention.inference_weights(dtype),
+                "ffn": self.ffn.inference_weights(dtype)}
 
-    def init_cache(self, batch_size, max_decode_length, dtype):
-        """Zero self-attention caches `{"key", "value"}`, each `[batch, heads, max_decode_length,
-        head_dim]`, written one position per decoding step (`max_decode_length` 0: a growing cache,
-        see `CausalSelfAttention.step`)."""
-        shape = [batch_size, self.num_heads, max_decode_length, self.d_model // self.num_heads]
-        zeros = tf.zeros(shape, dtype=dtype)
-        return {"key": zeros, "value": zeros}
-
-    def step(self, x, index, cache, context, context_mask, growing=False):
-        """Decodes position `index`.
+    def step(self, weights, x, cache, memory, bias, beams=1):
+        """Decodes one position: `call` at the position after the cache's.
 
         Args:
-            x: `[batch, 1, d_model]`.
-            index: int32 scalar.
-            cache: this layer's self-attention cache (`init_cache`), filled below `index`.
-            context: this layer's `precompute_context`.
-            context_mask: bool `[batch, source_len]`.
-            growing: whether `cache` grows by one position per step (see
-                `CausalSelfAttention.step`) or has a fixed length.
+            weights: `inference_weights(dtype)`.
+            x: `[batch * beams, d_model]`, one position per row.
+            cache: the self-attention cache (`CausalSelfAttention.init_cache`).
+            memory: the encoder output's keys and values (`CrossAttention.precompute`), one
+                row per `beams` rows of `x`.
+            bias: `attention.attention_bias` of the source mask, `[batch, 1, 1, source_len]`.
 
         Returns:
-            `([batch, 1, d_model], cache)` with position `index` written into the cache.
+            `([batch * beams, d_model], cache)` with the new position in the cache.
         """
-        x, key, value = self.causal_self_attention.step(x, cache["key"], cache["value"], index,
-                                                        growing=growing)
-        x = self.cross_attention.step(x, context["key"], context["value"], context_mask)
-        x = self.ffn(x, training=False)
-        return x, {"key": key, "value": value}
+        x, cache = self.causal_self_attention.step(weights["causal_self_attention"], x, cache)
+        x = self.cross_attention.step(weights["cross_attention"], x, memory, bias, beams)
+        return self.ffn.packed_call(weights["ffn"], x), cache
 
     def compute_output_shape(self, x_shape, *args, **kwargs):
         return x_shape
@@ -92,7 +87,7 @@ class DecoderLayer(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(d_model=self.d_model, num_heads=self.num_heads, dff=self.dff,
-                      dropout=self.dropout, norm=self.norm)
+                      dropout=self.dropout, norm=self.norm, activation=self.activation)
         return config
 
 
@@ -103,7 +98,7 @@ class Decoder(LayerStack):
     As in the Encoder, the model owns the embedding; with pre-norm a final LayerNorm follows.
 
     Args:
-        num_layers, d_model, num_heads, dff, dropout, norm: see `DecoderLayer`.
+        num_layers, d_model, num_heads, dff, dropout, norm, activation: see `DecoderLayer`.
 
     Call arguments:
         x: embedded target `[batch, target_len, d_model]`.
@@ -132,18 +127,23 @@ class Decoder(LayerStack):
             x = layer(x, context, context_mask=context_mask)
         return self.stack[-1].cross_attention_scores(x, context, context_mask)
 
-    def precompute_context(self, context):
-        """Per layer, the cross-attention keys/values of `context` (see `DecoderLayer`)."""
-        return [layer.precompute_context(context) for layer in self.stack]
+    def precompute(self, weights, context, packing) -> list:
+        """Per layer, the cross-attention keys and values of the encoder output's real tokens
+        `context` `[tokens, d_model]` (see `CrossAttention.precompute`)."""
+        return [layer.cross_attention.precompute(layer_weights["cross_attention"], context,
+                                                 packing)
+                for layer, layer_weights in zip(self.stack, weights["layers"])]
 
-    def init_cache(self, batch_size, max_decode_length, dtype):
-        """Per layer, zero self-attention caches (see `DecoderLayer.init_cache`)."""
-        return [layer.init_cache(batch_size, max_decode_length, dtype) for layer in self.stack]
+    def init_cache(self, batch_size, dtype) -> list:
+        """Per layer, an empty self-attention cache (see `CausalSelfAttention.init_cache`)."""
+        return [layer.causal_self_attention.init_cache(batch_size, dtype) for layer in self.stack]
 
-    def step(self, x, index, caches, contexts, context_mask, growing=False):
-        """Decodes position `index`: `x` `[batch, 1, d_model]` -> `([batch, 1, d_model], caches)`."""
+    def step(self, weights, x, caches, memory, bias, beams=1):
+        """Decodes one position: `[batch * beams, d_model]` -> `([batch * beams, d_model],
+        caches)` (see `DecoderLayer.step`; `memory` from `precompute`)."""
         new_caches = []
-        for layer, cache, context in zip(self.stack, caches, contexts):
-            x, cache = layer.step(x, index, cache, context, context_mask, growing=growing)
+        for layer, layer_weights, cache, layer_memory in zip(self.stack, weights["layers"],
+                                                             caches, memory):
+            x, cache = layer.step(layer_weights, x, cache, layer_memory, bias, beams)
             new_caches.append(cache)
-        return self._finish(x), new_caches
+        return self._finish_rows(weights, x), new_caches

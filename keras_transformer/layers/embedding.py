@@ -79,6 +79,22 @@ class PositionalEmbedding(keras.layers.Layer):
         x = x + ops.cast(positions, x.dtype)[None]
         return self.dropout_layer(x, training=training)
 
+    def inference_weights(self) -> dict:
+        """What `embed` reads: `{"embeddings": [vocab_size, d_model]` in the variable's dtype,
+        `"positions": float32 [max_positions, d_model]}`."""
+        return {"embeddings": tf.convert_to_tensor(self.token_embedding.embeddings.value),
+                "positions": tf.constant(self.positions)}
+
+    def embed(self, weights, ids, positions, dtype):
+        """`call` for inference on rows: token ids int32 `[rows]` at `positions` (int32
+        `[rows]`, or a scalar for every row) -> `[rows, d_model]` in `dtype`."""
+        x = tf.gather(weights["embeddings"], ids)  # [rows, d_model]
+        if x.dtype != dtype:
+            x = tf.cast(x, dtype)
+        x = x * tf.cast(math.sqrt(self.d_model), dtype)
+        position = tf.gather(weights["positions"], positions)
+        return x + (position if dtype == tf.float32 else tf.cast(position, dtype))
+
     def project(self, x):
         """Pre-softmax projection with the shared matrix: `[..., d_model]` -> `[..., vocab_size]`."""
         kernel = ops.cast(self.token_embedding.embeddings, x.dtype)  # [vocab, d_model]

@@ -11,6 +11,10 @@ from keras_transformer.layers.stack import LayerStack
 class EncoderLayer(keras.layers.Layer):
     """Self-attention then feed-forward, each with its residual connection.
 
+    Args:
+        d_model, num_heads, dropout, norm: see `BaseAttention`.
+        dff, activation: see `FeedForward`.
+
     Call arguments:
         x: `[batch, source_len, d_model]`.
         padding_mask: bool `[batch, source_len]`, True at real tokens.
@@ -19,18 +23,20 @@ class EncoderLayer(keras.layers.Layer):
         `[batch, source_len, d_model]`.
     """
 
-    def __init__(self, *, d_model, num_heads, dff, dropout=0.1, norm="post", **kwargs):
+    def __init__(self, *, d_model, num_heads, dff, dropout=0.1, norm="post", activation="relu",
+                 **kwargs):
         super().__init__(**kwargs)
         self.d_model = d_model
         self.num_heads = num_heads
         self.dff = dff
         self.dropout = dropout
         self.norm = norm
+        self.activation = activation
         self.self_attention = GlobalSelfAttention(
             d_model=d_model, num_heads=num_heads, dropout=dropout, norm=norm,
             dtype=self.dtype_policy, name="self_attention")
         self.ffn = FeedForward(d_model=d_model, dff=dff, dropout=dropout, norm=norm,
-                               dtype=self.dtype_policy, name="ffn")
+                               activation=activation, dtype=self.dtype_policy, name="ffn")
 
     def build(self, input_shape):
         self.self_attention.build(input_shape)
@@ -41,13 +47,24 @@ class EncoderLayer(keras.layers.Layer):
         x = self.self_attention(x, padding_mask=padding_mask, training=training)
         return self.ffn(x, training=training)
 
+    def inference_weights(self, dtype) -> dict:
+        """`{"self_attention", "ffn"}`: the sublayers' `inference_weights(dtype)`."""
+        return {"self_attention": self.self_attention.inference_weights(dtype),
+                "ffn": self.ffn.inference_weights(dtype)}
+
+    def packed_call(self, weights, x, packing, bias):
+        """`call` for inference on the real tokens' rows `[tokens, d_model]` (see
+        `GlobalSelfAttention.packed_call`)."""
+        x = self.self_attention.packed_call(weights["self_attention"], x, packing, bias)
+        return self.ffn.packed_call(weights["ffn"], x)
+
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def get_config(self):
         config = super().get_config()
         config.update(d_model=self.d_model, num_heads=self.num_heads, dff=self.dff,
-                      dropout=self.dropout, norm=self.norm)
+                      dropout=self.dropout, norm=self.norm, activation=self.activation)
         return config
 
 
@@ -59,7 +76,7 @@ class Encoder(LayerStack):
     decoder (section 3.4). With pre-norm a final LayerNorm normalizes the stack's output.
 
     Args:
-        num_layers, d_model, num_heads, dff, dropout, norm: see `EncoderLayer`.
+        num_layers, d_model, num_heads, dff, dropout, norm, activation: see `EncoderLayer`.
 
     Call arguments:
         x: embedded source `[batch, source_len, d_model]`.
@@ -80,3 +97,19 @@ class Encoder(LayerStack):
         for layer in self.stack:
             x = layer(x, padding_mask=padding_mask, training=training)
         return self._finish(x)
+
+    def packed_call(self, weights, x, packing, bias):
+        """`call` for inference on the real tokens' rows.
+
+        Args:
+            weights: `inference_weights(dtype)`.
+            x: embedded source tokens `[tokens, d_model]`, the rows of `packing`.
+            packing: a `layers.ops.Packing` of the source mask.
+            bias: `attention.attention_bias` of the source mask, `[batch, 1, 1, source_len]`.
+
+        Returns:
+            `[tokens, d_model]`.
+        """
+        for layer, layer_weights in zip(self.stack, weights["layers"]):
+            x = layer.packed_call(layer_weights, x, packing, bias)
+        return self._finish_rows(weights, x)

@@ -3,6 +3,10 @@
 import keras
 import tensorflow as tf
 
+from keras_transformer.layers.ops import value
+
+LAYER_NORM_EPSILON = 1e-6  # as in tensor2tensor, the paper's reference implementation
+
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
 class LayerNormalization(keras.layers.LayerNormalization):
@@ -27,6 +31,10 @@ class LayerNormalization(keras.layers.LayerNormalization):
         outputs = layer_norm(inputs, tf.convert_to_tensor(self.gamma),
                              tf.convert_to_tensor(self.beta), self.epsilon)
         return tf.cast(outputs, self.compute_dtype)
+
+    def inference_weights(self) -> dict:
+        """`{"gamma", "beta"}` float32 `[features]`, for `normalize`."""
+        return {"gamma": value(self.gamma, tf.float32), "beta": value(self.beta, tf.float32)}
 
 
 def layer_norm(x, gamma, beta, epsilon):
@@ -68,3 +76,48 @@ def layer_norm(x, gamma, beta, epsilon):
         return tf.cast(x_hat * gamma + beta, x.dtype), grad
 
     return normalize(x, gamma, beta)
+
+
+def normalize(x, norm=None):
+    """LayerNormalization for the decoding steps, with float32 statistics over the last axis of
+    `x` `[..., d]`: (x - mean) * (gamma / sqrt(variance + eps)) + beta, Keras' arithmetic
+    regrouped into one op fewer. Without `norm` (its gamma and beta folded into the next
+    projection, `fold_norm`), (x - mean) / sqrt(variance + eps).
+
+    Args:
+        x: `[..., d]`.
+        norm: `LayerNormalization.inference_weights()` or None.
+
+    Returns:
+        `[..., d]`, the dtype of `x`.
+    """
+    dtype = x.dtype
+    if dtype != tf.float32:
+        x = tf.cast(x, tf.float32)
+    centered = x - tf.reduce_mean(x, axis=-1, keepdims=True)
+    variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
+    if norm is None:
+        y = centered * tf.math.rsqrt(variance + LAYER_NORM_EPSILON)
+    else:
+        y = (centered * (tf.math.rsqrt(variance + LAYER_NORM_EPSILON) * norm["gamma"])
+             + norm["beta"])
+    return y if dtype == tf.float32 else tf.cast(y, dtype)
+
+
+def fold_norm(norm: dict, kernel, bias):
+    """Folds a pre-norm LayerNorm's gamma and beta into the projection that reads its output:
+    (n * gamma + beta) @ W + b = n @ (gamma[:, None] * W) + (beta @ W + b), as an inference
+    graph folds a batch norm into its convolution (two ops fewer a norm at every step).
+
+    Args:
+        norm: `{"gamma", "beta"}` float32 `[d]`.
+        kernel: `[d, out]`; bias: `[out]`, of one dtype.
+
+    Returns:
+        `(kernel, bias)`, computed in float32 and cast back to the kernel's dtype.
+    """
+    dtype = kernel.dtype
+    w = tf.cast(kernel, tf.float32)
+    folded_kernel = tf.cast(norm["gamma"][:, None] * w, dtype)
+    folded_bias = tf.cast(bias, tf.float32) + tf.linalg.matvec(w, norm["beta"], transpose_a=True)
+    return folded_kernel, tf.cast(folded_bias, dtype)

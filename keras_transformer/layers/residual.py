@@ -1,6 +1,6 @@
 """The residual connection around every sublayer (section 5.4), post- or pre-norm."""
 
-LAYER_NORM_EPSILON = 1e-6  # as in tensor2tensor, the paper's reference implementation
+from keras_transformer.layers.normalization import normalize
 
 
 def residual_connection(x, sublayer, *, layernorm, dropout, norm, training=None):
@@ -19,3 +19,16 @@ def residual_connection(x, sublayer, *, layernorm, dropout, norm, training=None)
     if norm == "pre":
         return x + dropout(sublayer(layernorm(x)), training=training)
     return layernorm(x + dropout(sublayer(x), training=training))
+
+
+def residual_input(x, norm):
+    """The decoding steps' `residual_connection`, first half: what the sublayer reads, `[rows,
+    d_model]`. Pre-norm: x normalized, its gamma and beta folded into the sublayer's first
+    projection (`normalization.fold_norm`)."""
+    return normalize(x) if norm == "pre" else x
+
+
+def residual_output(x, y, norm, weights):
+    """The decoding steps' `residual_connection`, second half: `x` plus the sublayer's output
+    `y`, both `[rows, d_model]`, then (post-norm) LayerNorm with `weights["norm"]`."""
+    return x + y if norm == "pre" else normalize(x + y, weights["norm"])

@@ -2,8 +2,7 @@
 
 import keras
 
-from keras_transformer.layers.normalization import LayerNormalization
-from keras_transformer.layers.residual import LAYER_NORM_EPSILON
+from keras_transformer.layers.normalization import LAYER_NORM_EPSILON, LayerNormalization, normalize
 
 
 class LayerStack(keras.layers.Layer):
@@ -16,7 +15,7 @@ class LayerStack(keras.layers.Layer):
     layer_class: type
 
     def __init__(self, *, num_layers, d_model, num_heads, dff, dropout=0.1, norm="post",
-                 **kwargs):
+                 activation="relu", **kwargs):
         super().__init__(**kwargs)
         self.num_layers = num_layers
         self.d_model = d_model
@@ -24,9 +23,11 @@ class LayerStack(keras.layers.Layer):
         self.dff = dff
         self.dropout = dropout
         self.norm = norm
+        self.activation = activation
         self.stack = [
             self.layer_class(d_model=d_model, num_heads=num_heads, dff=dff, dropout=dropout,
-                             norm=norm, dtype=self.dtype_policy, name=f"layer_{i}")
+                             norm=norm, activation=activation, dtype=self.dtype_policy,
+                             name=f"layer_{i}")
             for i in range(num_layers)
         ]
         self.final_layernorm = (
@@ -42,11 +43,24 @@ class LayerStack(keras.layers.Layer):
     def _finish(self, x):
         return x if self.final_layernorm is None else self.final_layernorm(x)
 
+    def inference_weights(self, dtype) -> dict:
+        """`{"layers": [each layer's inference_weights(dtype)]}`, and with pre-norm the final
+        LayerNorm's `"final_norm"`."""
+        weights = {"layers": [layer.inference_weights(dtype) for layer in self.stack]}
+        if self.final_layernorm is not None:
+            weights["final_norm"] = self.final_layernorm.inference_weights()
+        return weights
+
+    def _finish_rows(self, weights, x):
+        """`_finish` in the decoding steps."""
+        return normalize(x, weights["final_norm"]) if "final_norm" in weights else x
+
     def compute_output_shape(self, x_shape, *args, **kwargs):
         return x_shape
 
     def get_config(self):
         config = super().get_config()
         config.update(num_layers=self.num_layers, d_model=self.d_model, num_heads=self.num_heads,
-                      dff=self.dff, dropout=self.dropout, norm=self.norm)
+                      dff=self.dff, dropout=self.dropout, norm=self.norm,
+                      activation=self.activation)
         return config
