@@ -25,7 +25,8 @@ import tensorflow as tf
 from keras_transformer.config import ConfigError
 from keras_transformer.runs import Run, check_writable_folder
 from keras_transformer.text_io import first_line
-from keras_transformer.tokenizers import NORMALIZATION, without_sentencepiece_info
+from keras_transformer.text_normalization import NORMALIZATION
+from keras_transformer.tokenizers import without_sentencepiece_info
 from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, STRINGS_SPEC, Translator,
                                           translator_from_run)
 

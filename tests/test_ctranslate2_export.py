@@ -23,7 +23,8 @@ from keras_transformer.ctranslate2_export import (  # noqa: E402
 from keras_transformer.decoding import NEG_INF, PAD_ID  # noqa: E402
 from keras_transformer.layers import positional_encoding  # noqa: E402
 from keras_transformer.model import Transformer  # noqa: E402
-from keras_transformer.tokenizers import END_ID, NORMALIZATION  # noqa: E402
+from keras_transformer.text_normalization import NORMALIZATION  # noqa: E402
+from keras_transformer.tokenizers import END_ID  # noqa: E402
 from keras_transformer.translator import Translator  # noqa: E402
 from helpers import seeded_tiny_model  # noqa: E402
 
