@@ -315,7 +315,7 @@ def load_any(export_dir: str | os.PathLike, **ctranslate2_args):
     `translate_nbest` taking a batch of strings."""
     export_dir = Path(export_dir)
     if (export_dir / "model.bin").is_file():
-        from keras_transformer.ctranslate2_export import CTranslate2Translator
+        from keras_transformer.ctranslate2_translator import CTranslate2Translator
 
         return CTranslate2Translator(export_dir, **ctranslate2_args)
     if not (export_dir / "saved_model.pb").is_file():
