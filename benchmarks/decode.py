@@ -194,7 +194,7 @@ def load_row_model(spec: dict):
     """The row's translate function, string [batch] -> {"translation": ...}, with one thread
     per op and `cores` batches in flight."""
     if spec["variant"].startswith("ct2"):
-        from keras_transformer.ctranslate2_export import CTranslate2Translator
+        from keras_transformer.ctranslate2_translator import CTranslate2Translator
 
         translator = CTranslate2Translator(spec["path"], inter_threads=spec["cores"],
                                            intra_threads=1, max_batch_size=0)

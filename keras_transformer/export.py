@@ -25,7 +25,8 @@ import tensorflow as tf
 from keras_transformer.config import ConfigError
 from keras_transformer.runs import Run, check_writable_folder
 from keras_transformer.text_io import first_line
-from keras_transformer.tokenizers import NORMALIZATION, without_sentencepiece_info
+from keras_transformer.text_normalization import NORMALIZATION
+from keras_transformer.tokenizers import without_sentencepiece_info
 from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, STRINGS_SPEC, Translator,
                                           translator_from_run)
 
@@ -311,7 +312,7 @@ def load_any(export_dir: str | os.PathLike, **ctranslate2_args):
     `translate_nbest` taking a batch of strings."""
     export_dir = Path(export_dir)
     if (export_dir / "model.bin").is_file():
-        from keras_transformer.ctranslate2_export import CTranslate2Translator
+        from keras_transformer.ctranslate2_translator import CTranslate2Translator
 
         return CTranslate2Translator(export_dir, **ctranslate2_args)
     if not (export_dir / "saved_model.pb").is_file():

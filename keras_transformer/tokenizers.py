@@ -41,6 +41,7 @@ from tensorflow_text.python.ops.bert_tokenizer import BasicTokenizer  # not expo
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
 
 from keras_transformer.config import ConfigError, DataConfig
+from keras_transformer.text_normalization import INVISIBLE_PATTERN, WHITESPACE_PATTERN
 
 logger = logging.getLogger(__name__)
 
@@ -64,25 +65,14 @@ SERVING_TF_TEXT_OPS = frozenset({
 
 STRINGS_SPEC = tf.TensorSpec([None], tf.string)
 
-# The characters of Python's str.isspace() (the Unicode White_Space characters plus the ASCII
-# separators U+001C-U+001F), so that the graph and Python's str.split()/strip() agree on words.
-_WHITESPACE = (r"[\t-\r\x{1c}-\x{20}\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}"
-               r"\x{202f}\x{205f}\x{3000}]+")
-# Characters that show nothing: the control characters that are not whitespace (C0, DEL, C1
-# but U+0085), the format characters (Cf: zero-width spaces and joiners, the byte-order mark,
-# soft hyphens, bidirectional marks) and U+FFFD, which stands for bytes that were not UTF-8.
-_INVISIBLE = r"[\x{0}-\x{8}\x{e}-\x{1b}\x{7f}-\x{84}\x{86}-\x{9f}\p{Cf}\x{fffd}]+"
-NORMALIZATION = ("bytes that are not UTF-8 replaced by U+FFFD; control characters other than "
-                 "whitespace, format characters (Cf) and U+FFFD removed; NFC; every run of "
-                 "Unicode whitespace made one space, none at either end")
-
-
 def normalize_text(strings):
     """string [...] -> string [...]: the one normalization of text before tokenizing, for
-    training pairs (`data.load_pairs`) and translator inputs alike (`NORMALIZATION`):
+    training pairs (`data.load_pairs`) and translator inputs alike
+    (`text_normalization.NORMALIZATION`; `text_normalization.normalize` is its TensorFlow-free
+    twin, byte for byte):
 
     1. bytes that are not UTF-8 become U+FFFD;
-    2. characters that show nothing are removed (`_INVISIBLE`): a byte-order mark, a zero-width
+    2. characters that show nothing are removed (`text_normalization.INVISIBLE_RANGES`): a byte-order mark, a zero-width
        space or a NUL changes no translation, and a source of nothing else is empty;
     3. NFC: a letter followed by a combining accent (as macOS may write "ä") becomes the one
        precomposed character that training text uses;
@@ -94,9 +84,9 @@ def normalize_text(strings):
     """
     strings = tf.strings.unicode_transcode(strings, "UTF-8", "UTF-8", errors="replace",
                                            replacement_char=0xFFFD)
-    strings = tf.strings.regex_replace(strings, _INVISIBLE, "")
+    strings = tf.strings.regex_replace(strings, INVISIBLE_PATTERN, "")
     strings = text.normalize_utf8(strings, "NFC")
-    return tf.strings.strip(tf.strings.regex_replace(strings, _WHITESPACE, " "))
+    return tf.strings.strip(tf.strings.regex_replace(strings, WHITESPACE_PATTERN, " "))
 
 
 class Tokenizer(tf.Module):

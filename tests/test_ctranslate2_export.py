@@ -3,6 +3,9 @@ beam, post-norm untied and pre-norm fully tied models), the settings file, refus
 int8, empty sources, and the layout facts the converter relies on."""
 
 import json
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -14,16 +17,19 @@ from ctranslate2.specs.model_spec import OPTIONAL  # noqa: E402
 
 from keras_transformer.config import ConfigError, DecodeConfig, ModelConfig  # noqa: E402
 from keras_transformer.ctranslate2_export import (  # noqa: E402
+    KerasTransformerConverter,
+    export_ctranslate2,
+)
+from keras_transformer.ctranslate2_translator import (  # noqa: E402
     _cut,
     SETTINGS_FILE,
     CTranslate2Translator,
-    KerasTransformerConverter,
-    export_ctranslate2,
 )
 from keras_transformer.decoding import NEG_INF, PAD_ID  # noqa: E402
 from keras_transformer.layers import positional_encoding  # noqa: E402
 from keras_transformer.model import Transformer  # noqa: E402
-from keras_transformer.tokenizers import END_ID, NORMALIZATION  # noqa: E402
+from keras_transformer.text_normalization import NORMALIZATION  # noqa: E402
+from keras_transformer.tokenizers import END_ID  # noqa: E402
 from keras_transformer.translator import Translator  # noqa: E402
 from helpers import seeded_tiny_model  # noqa: E402
 
@@ -520,3 +526,31 @@ def test_a_damaged_export_is_a_config_error_naming_the_folder(random_translation
         CTranslate2Translator(folder)
     if damage == "settings_key_missing":
         assert f"no 'beam_size' in {SETTINGS_FILE}" in str(info.value)
+
+
+NO_TENSORFLOW = ("import sys, keras_transformer.ctranslate2_translator; "
+                 "assert not any(m.split('.')[0] in ('tensorflow', 'keras', 'tensorflow_text') "
+                 "for m in sys.modules)")
+
+
+def test_the_runtime_imports_no_tensorflow():
+    subprocess.run([sys.executable, "-c", NO_TENSORFLOW], check=True)
+
+
+def test_the_runtime_translates_without_tensorflow(random_translation_model, tmp_path):
+    """A fresh process that never imports TensorFlow, Keras or tf-text gives the translations
+    of this one (normalization included: the sources have a BOM, a tab and a no-break space)."""
+    model, tokenizer = random_translation_model
+    folder = export(model, tokenizer, tmp_path / "ct2")
+    sources = ["\ufeffEin Mann\tfährt Fahrrad.", "Zwei\u00a0Hunde spielen im Schnee.", ""]
+    code = textwrap.dedent(f"""
+        import json, sys
+        from keras_transformer.ctranslate2_translator import CTranslate2Translator
+        result = CTranslate2Translator(sys.argv[1]).translate_beam(json.loads(sys.argv[2]))
+        {NO_TENSORFLOW.split("; ", 1)[1]}
+        print(json.dumps([t.decode("utf-8") for t in result["translation"]]))
+        """)
+    out = subprocess.run([sys.executable, "-c", code, str(folder), json.dumps(sources)],
+                         check=True, capture_output=True, text=True).stdout
+    expected = CTranslate2Translator(folder).translate_beam(sources)["translation"]
+    assert json.loads(out) == texts(expected)
