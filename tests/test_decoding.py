@@ -127,13 +127,18 @@ def reference_beam_search(step_fn, sentence, vocab_size, beam_size, cap, alpha, 
 
 
 def scripted_step(script):
-    """A step function whose logits at step s are `script[s]`, `[max_decode_length, batch, vocab]`."""
+    """A step function whose logits at step s are `script[s]`, `[max_decode_length, batch, vocab]`,
+    for the sentences of `scripted_state(batch)` (finished ones leave the batch)."""
     script = tf.constant(script, tf.float32)
 
     def step_fn(ids, step, state):
-        return tf.gather(script, step), state
+        return tf.gather(tf.gather(script, step), state["sentence"]), state
 
     return step_fn
+
+
+def scripted_state(batch_size):
+    return {"sentence": tf.range(batch_size)}
 
 
 def one_hot_logits(tokens, vocab_size, peak=5.0):
@@ -154,7 +159,7 @@ def test_greedy_scripted_ids_end_padding_and_scores():
               [3, 3, 3, 3, 3],  # never ends: stops at max_decode_length
               [END, 4, 4, 4, 4]]  # ends at once
     script = one_hot_logits(tokens, vocab_size)
-    ids, scores = decoding.greedy_search(scripted_step(script), {}, batch_size=3,
+    ids, scores = decoding.greedy_search(scripted_step(script), scripted_state(3), batch_size=3,
                                          max_decode_length=max_decode_length, start_id=START, end_id=END)
     np.testing.assert_array_equal(ids, [[3, 4, END, 0, 0], [3, 3, 3, 3, 3], [END, 0, 0, 0, 0]])
     assert ids.dtype == tf.int32 and scores.dtype == tf.float32
@@ -166,7 +171,7 @@ def test_greedy_per_sentence_max_lengths():
     vocab_size, max_decode_length = 6, 5
     tokens = [[3, 4, 5, 3, 4], [3, 4, END, 3, 3], [5, 5, 5, 5, 5]]
     script = one_hot_logits(tokens, vocab_size)
-    ids, scores = decoding.greedy_search(scripted_step(script), {}, batch_size=3,
+    ids, scores = decoding.greedy_search(scripted_step(script), scripted_state(3), batch_size=3,
                                          max_decode_length=max_decode_length, length_caps=[2, 4, 9])
     np.testing.assert_array_equal(ids, [[3, 4, 0, 0, 0], [3, 4, END, 0, 0], [5, 5, 5, 5, 5]])
     np.testing.assert_allclose(scores, np.array([2, 3, 5]) * peak_log_prob(vocab_size), rtol=1e-6,
@@ -224,7 +229,8 @@ def test_greedy_stops_when_every_sentence_has_ended():
         calls.assign_add(1)
         return script(ids, step, state)
 
-    tf.function(decoding.greedy_search)(step_fn, {}, batch_size=2, max_decode_length=max_decode_length)
+    tf.function(decoding.greedy_search)(step_fn, scripted_state(2), batch_size=2,
+                                        max_decode_length=max_decode_length)
     assert int(calls.numpy()) == 2
 
 
@@ -290,8 +296,7 @@ def test_beam_full_stopping_matches_numpy_reference(alpha):
     assert differs, "the two rules never disagree here: the test lost its edge"
 
 
-@pytest.mark.parametrize("compact", [False, True])
-def test_beam_full_patience_matches_numpy_reference(compact):
+def test_beam_full_patience_matches_numpy_reference():
     """Patience p: a sentence stops once p x beam_size hypotheses have finished (or the exact
     bound holds); a patience that never comes gives the exact rule's results."""
     vocab_size, max_decode_length, batch_size, beam_size, alpha = 8, 7, 4, 3, 1.4
@@ -303,7 +308,7 @@ def test_beam_full_patience_matches_numpy_reference(compact):
         step_fn.reseed(seed)
         kwargs = dict(batch_size=batch_size, beam_size=beam_size,
                       max_decode_length=max_decode_length, alpha=alpha,
-                      length_caps=tf.constant(caps), num_hypotheses=beam_size, compact=compact)
+                      length_caps=tf.constant(caps), num_hypotheses=beam_size)
         for patience in (1.0, 1.5, 2.0, 100.0):
             ids, scores = search(step_fn, step_fn.initial_state(batch_size),
                                  stopping="beam_full", patience=patience, **kwargs)
@@ -433,24 +438,29 @@ def test_beam_n_best_beyond_possible_sequences_are_empty():
     np.testing.assert_array_equal(ids[:, 3], [[0], [0]])
 
 
-def test_step_function_may_capture_tiled_invariants():
-    """Capturing `tile_beams(sentence)` equals carrying `sentence` in the reordered state."""
+def test_context_rows_and_beams_argument():
+    """The context has one row per sentence: the step function is told how many rows of ids
+    share one (1 at beam search's step 0, which runs once per sentence; then beam_size)."""
     vocab_size, max_decode_length, batch_size, beam_size = 6, 5, 3, 3
-    step_fn = TableStep(4, vocab_size, max_decode_length, scale=1.0)
-    state = step_fn.initial_state(batch_size)
-    sentence = decoding.tile_beams(state["sentence"], beam_size)  # [batch * beam]
+    step_fn = ContextTableStep(4, vocab_size, max_decode_length, scale=1.0)
+    seen = []
 
-    def captured_step(ids, step, state):
-        logits, state = step_fn(ids, step, {"history": state["history"], "sentence": sentence})
-        return logits, {"history": state["history"]}
+    def recording_step(ids, step, state, context, beams):
+        seen.append(beams)
+        return step_fn(ids, step, state, context, beams)
 
-    search = tf.function(decoding.beam_search)
-    kwargs = dict(batch_size=batch_size, beam_size=beam_size, max_decode_length=max_decode_length,
-                  num_hypotheses=beam_size)
-    expected_ids, expected_scores = search(step_fn, state, **kwargs)
-    ids, scores = search(captured_step, {"history": state["history"]}, **kwargs)
+    ids, scores = decoding.beam_search(
+        recording_step, step_fn.initial_state(batch_size), context=step_fn.context(batch_size),
+        batch_size=batch_size, beam_size=beam_size, max_decode_length=max_decode_length,
+        num_hypotheses=beam_size)
+    assert seen[0] == 1 and set(seen[1:]) == {beam_size}
+    expected_ids, expected_scores = decoding.beam_search(
+        TableStep(4, vocab_size, max_decode_length, scale=1.0), TableStep(
+            4, vocab_size, max_decode_length, scale=1.0).initial_state(batch_size),
+        batch_size=batch_size, beam_size=beam_size, max_decode_length=max_decode_length,
+        num_hypotheses=beam_size)
     np.testing.assert_array_equal(ids, expected_ids)
-    np.testing.assert_array_equal(scores, expected_scores)
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
@@ -492,7 +502,8 @@ class ContextTableStep(TableStep):
     def context(self, batch_size):
         return {"sentence": tf.range(batch_size, dtype=tf.int32)}
 
-    def __call__(self, ids, step, state, context):
+    def __call__(self, ids, step, state, context, beams):
+        context = tf.nest.map_structure(lambda t: decoding.tile_beams(t, beams), context)
         logits, state = super().__call__(ids, step, {**state, **context})
         return logits, {"history": state["history"]}
 
@@ -507,33 +518,40 @@ def table_step(seed, vocab_size, max_decode_length, batch_size, with_context):
 
 @pytest.mark.parametrize("search", ["greedy", "beam_exact", "beam_full"])
 @pytest.mark.parametrize("with_context", [False, True])
-def test_compact_equals_full_batch(search, with_context):
-    """Dropping finished sentences from the batch (and from the state and context that follow
-    it) changes nothing: the step function's logits depend on each row's sentence and prefix."""
+def test_finished_sentences_leave_the_batch(search, with_context):
+    """Sentences with other caps finish at other steps and leave the batch (with their state
+    and context): every sentence still gets what the numpy reference gives it alone."""
     vocab_size, max_decode_length, batch_size = 7, 9, 6
-    caps = tf.constant([9, 2, 5, 9, 1, 7])
+    caps = [9, 2, 5, 9, 1, 7]
     step_fn, extra = table_step(0, vocab_size, max_decode_length, batch_size, with_context)
-    kwargs = dict(batch_size=batch_size, max_decode_length=max_decode_length, length_caps=caps,
-                  **extra)
-    if search == "greedy":
+    kwargs = dict(batch_size=batch_size, max_decode_length=max_decode_length,
+                  length_caps=tf.constant(caps), **extra)
+    stopping = {"beam_exact": "exact", "beam_full": "beam_full"}.get(search)
+    if search == "greedy":  # beam size 1 with alpha 0 is greedy search
         run = tf.function(functools.partial(decoding.greedy_search, **kwargs))
     else:
         run = tf.function(functools.partial(
-            decoding.beam_search, beam_size=3, num_hypotheses=2, alpha=0.6,
-            stopping={"beam_exact": "exact", "beam_full": "beam_full"}[search], **kwargs))
+            decoding.beam_search, beam_size=3, num_hypotheses=2, alpha=0.6, stopping=stopping,
+            **kwargs))
     for seed in range(3):
         step_fn.reseed(seed)
-        state = step_fn.initial_state(batch_size)
-        expected_ids, expected_scores = run(step_fn, state)
-        ids, scores = run(step_fn, state, compact=True)
-        np.testing.assert_array_equal(ids, expected_ids)
-        # Reductions over the vocabulary may round differently for another number of rows.
-        np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
+        ids, scores = run(step_fn, step_fn.initial_state(batch_size))
+        for sentence, cap in enumerate(caps):
+            if search == "greedy":
+                expected = reference_beam_search(step_fn, sentence, vocab_size, 1, cap, 0.0)
+                assert ids[sentence].numpy().tolist() == padded(expected[0][1], max_decode_length)
+                np.testing.assert_allclose(scores[sentence], expected[0][0], rtol=1e-5)
+            else:
+                expected = reference_beam_search(step_fn, sentence, vocab_size, 3, cap, 0.6,
+                                                 stopping=stopping)[:2]
+                assert ids[sentence].numpy().tolist() == [
+                    padded(t, max_decode_length) for _, t in expected]
+                np.testing.assert_allclose(scores[sentence], [s for s, _ in expected], rtol=1e-5)
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
-def test_compact_with_growing_state_and_empty_batch(search):
-    """A growing state with a free batch dimension, and a batch of 0, compacted."""
+def test_growing_state_and_empty_batch(search):
+    """A growing state with a free batch dimension, and a batch of 0."""
     vocab_size, max_decode_length = 6, 5
     step_fn = TableStep(7, vocab_size, max_decode_length)
 
@@ -554,8 +572,7 @@ def test_compact_with_growing_state_and_empty_batch(search):
         expected_ids, expected_scores = run(step_fn, step_fn.initial_state(batch_size))
         growing_state = {"history": tf.zeros([batch_size, 0], tf.int32),
                          "sentence": tf.range(batch_size, dtype=tf.int32)}
-        ids, scores = run(growing_step, growing_state, state_shape_invariants=invariants,
-                          compact=True)
+        ids, scores = run(growing_step, growing_state, state_shape_invariants=invariants)
         np.testing.assert_array_equal(ids, expected_ids)
         np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
 
@@ -596,39 +613,15 @@ def test_beam_argument_checks():
 # Compilation and edge cases.
 
 
-def test_jit_compile_gives_the_same_results():
-    vocab_size, max_decode_length, batch_size = 7, 6, 3
-    step_fn = TableStep(1, vocab_size, max_decode_length, scale=1.0)
-    state = step_fn.initial_state(batch_size)
-    caps = tf.constant([6, 2, 4])
-
-    def search(state, caps):
-        greedy = decoding.greedy_search(step_fn, state, batch_size=batch_size,
-                                        max_decode_length=max_decode_length, length_caps=caps)
-        beam = decoding.beam_search(step_fn, state, batch_size=batch_size, beam_size=3,
-                                    max_decode_length=max_decode_length, length_caps=caps, num_hypotheses=2)
-        return greedy + beam
-
-    plain = tf.function(search)(state, caps)
-    compiled = tf.function(search, jit_compile=True)(state, caps)
-    for a, b in zip(plain, compiled):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        if a.dtype == tf.int32:
-            np.testing.assert_array_equal(a, b)
-        else:
-            np.testing.assert_allclose(a, b, rtol=1e-5)
-
-
 def test_batch_size_zero():
     step_fn = TableStep(0, 5, 4)
     state = step_fn.initial_state(0)
-    for jit_compile in (False, True):
-        ids, scores = tf.function(decoding.greedy_search, jit_compile=jit_compile)(
-            step_fn, state, batch_size=0, max_decode_length=4)
-        assert ids.shape == (0, 4) and scores.shape == (0,)
-        ids, scores = tf.function(decoding.beam_search, jit_compile=jit_compile)(
-            step_fn, state, batch_size=0, beam_size=3, max_decode_length=4, num_hypotheses=2)
-        assert ids.shape == (0, 2, 4) and scores.shape == (0, 2)
+    ids, scores = tf.function(decoding.greedy_search)(
+        step_fn, state, batch_size=0, max_decode_length=4)
+    assert ids.shape == (0, 4) and scores.shape == (0,)
+    ids, scores = tf.function(decoding.beam_search)(
+        step_fn, state, batch_size=0, beam_size=3, max_decode_length=4, num_hypotheses=2)
+    assert ids.shape == (0, 2, 4) and scores.shape == (0, 2)
 
 
 def test_dynamic_batch_size_in_a_signature():
@@ -648,46 +641,3 @@ def test_dynamic_batch_size_in_a_signature():
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
     assert translate(tf.zeros([0], tf.int32))[0].shape == (0, 1, 5)
-
-
-@pytest.mark.parametrize("compact", [False, True])
-@pytest.mark.parametrize("with_context", [False, True])
-@pytest.mark.parametrize("stopping", ["exact", "beam_full"])
-def test_beam_first_step_on_one_row_per_sentence(compact, with_context, stopping):
-    """Step 0 run once per sentence by `first_step_fn` and tiled to the beams gives the search
-    without it: the same ids, and scores to float32 rounding."""
-    vocab_size, max_decode_length, batch_size = 7, 8, 5
-    caps = tf.constant([8, 1, 4, 8, 6])
-    step_fn, extra = table_step(0, vocab_size, max_decode_length, batch_size, with_context)
-    run = tf.function(functools.partial(
-        decoding.beam_search, batch_size=batch_size, beam_size=3, num_hypotheses=3,
-        max_decode_length=max_decode_length, alpha=0.6, length_caps=caps, stopping=stopping,
-        compact=compact, **extra))
-    calls = []
-
-    def first_step(*args):
-        calls.append(args[0].shape[0])  # traced once: the rows step 0 runs on
-        return step_fn(*args)
-
-    for seed in range(2):
-        step_fn.reseed(seed)
-        state = step_fn.initial_state(batch_size)
-        expected_ids, expected_scores = run(step_fn, state)
-        ids, scores = run(step_fn, state, first_step_fn=first_step)
-        np.testing.assert_array_equal(ids, expected_ids)
-        np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
-    assert calls == [batch_size]
-
-
-def test_beam_first_step_with_fixed_state_under_xla():
-    """The first step before the loop keeps the loop variables' fixed shapes (XLA)."""
-    vocab_size, max_decode_length, batch_size = 6, 5, 2
-    step_fn = TableStep(3, vocab_size, max_decode_length)
-    run = tf.function(functools.partial(
-        decoding.beam_search, batch_size=batch_size, beam_size=2, num_hypotheses=2,
-        max_decode_length=max_decode_length, alpha=0.6), jit_compile=True)
-    state = step_fn.initial_state(batch_size)
-    expected_ids, expected_scores = run(step_fn, state)
-    ids, scores = run(step_fn, state, first_step_fn=step_fn)
-    np.testing.assert_array_equal(ids, expected_ids)
-    np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
