@@ -5,12 +5,12 @@ BIN := $(VENV)/bin
 export KERAS_TRANSFORMER_DATA ?= $(abspath ../shared/data/multi30k)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install test test-all demo clean
+.PHONY: install test test-all demo docs clean
 
 $(BIN)/keras-transformer: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,serving,ctranslate2]'
+	$(BIN)/pip install --quiet -e '.[test,serving,ctranslate2,docs]'
 	touch $@
 
 install: $(BIN)/keras-transformer
@@ -30,5 +30,8 @@ test-all: install  ## every test, including the slow ones
 demo: install  ## the main job on real Multi30k German-English
 	bash experiments/demo.sh
 
+docs: install  ## the API reference in docs/_build/html (index.html); any warning fails the build
+	$(BIN)/sphinx-build -W --keep-going -n -b html docs docs/_build/html
+
 clean:
-	rm -rf $(VENV) *.egg-info runs/demo
+	rm -rf $(VENV) *.egg-info runs/demo docs/_build

@@ -1,0 +1,57 @@
+"""Sphinx configuration of the API reference: `make docs` builds it into docs/_build/html.
+
+Every page is generated from the code: the exported names and the layers with autodoc (Google
+style docstrings through napoleon), the command line from `cli.build_parser()` with
+sphinx-argparse, and the config tables and SavedModel signatures with the local extensions in
+`_ext/`. The build is strict (`-W -n`): a broken reference or a docstring that does not parse
+fails it.
+"""
+
+import os
+import sys
+
+DOCS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(DOCS))  # this checkout's package, before any installed one
+sys.path.insert(0, os.path.join(DOCS, "_ext"))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # autodoc imports TensorFlow
+
+import keras_transformer  # noqa: E402
+
+project = "keras-transformer"
+release = version = keras_transformer.__version__
+author = "keras-transformer authors"
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinxarg.ext",
+    "package_reference",
+    "config_tables",
+    "signatures",
+]
+
+exclude_patterns = ["_build"]
+html_theme = "furo"
+html_title = f"keras-transformer {release}"
+smartquotes = False  # quotes inside docstrings are code more often than prose
+
+# The docstrings write code in single backticks, as Markdown does.
+default_role = "code"
+
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+# The layers list what `call` takes as keras-hub does, under "Call arguments:".
+napoleon_custom_sections = [("Call arguments", "params_style")]
+autodoc_member_order = "bysource"
+autodoc_typehints_format = "short"
+# Keras' docstrings (Markdown) are not this reference's: an override without its own is left out.
+autodoc_inherit_docstrings = False
+
+nitpicky = True
+# Types of other libraries, which this reference does not hold (no intersphinx: the build runs
+# offline). Only their names are ignored; a reference to a keras_transformer name must resolve.
+nitpick_ignore_regex = [
+    (r"py:.*", r"(tf|tensorflow|keras|np|numpy|h5py|sacrebleu|yaml)(\..+)?"),
+    (r"py:.*", r"(pathlib|os|typing|collections\.abc|concurrent\.futures|argparse)\..+"),
+    (r"py:.*", r"(Path|PathLike|Callable|Iterable|Sequence|Any)"),
+]
