@@ -4,7 +4,7 @@
 
 The run is exported once per variant into a temporary folder: the SavedModel as
 `keras-transformer export` writes it by default (one export per alpha, since an export fixes
-its length penalty), the SavedModel compiled with XLA (`--xla`), and CTranslate2 models in
+its length penalty), and CTranslate2 models in
 float32 and int8 (`keras-transformer export --format ctranslate2`). Every row then runs in a
 process of its own over the same sentences (Multi30k test_2016_flickr, the run's source
 language) in the same batches (sorted by length, `--batch-size`):
@@ -45,7 +45,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-VARIANTS = ("savedmodel", "savedmodel_xla", "ct2_float32", "ct2_int8")
+VARIANTS = ("savedmodel", "ct2_float32", "ct2_int8")
 SEARCHES = ("greedy", "beam")
 CORES = (1, 2)
 REFERENCE = "ct2_float32"
@@ -240,7 +240,6 @@ def export_variants(args, translator, root: Path, alphas: list[float]) -> dict:
             if variant.startswith("savedmodel"):
                 module = Translator(translator.model, translator.source_tokenizer,
                                     translator.target_tokenizer, decode_config,
-                                    jit_compile=variant.endswith("xla"),
                                     max_source_length=translator.max_source_length)
                 paths[variant, alpha] = export_translator(module, path / "1",
                                                           warmup_sentences=None)

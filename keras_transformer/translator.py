@@ -244,6 +244,12 @@ class Translator(tf.Module):
         return self._traced["beam"](source_ids, length_caps, max_decode_length,
                                     tf.convert_to_tensor(alpha, tf.float32))
 
+    def trace_counts(self) -> dict:
+        """How many times each search has been traced: `{"greedy", "beam", "translate_beam"}`
+        (the last: `beam_translator`'s); an export or a process should trace each once."""
+        return {name: function.experimental_get_tracing_count()
+                for name, function in self._traced.items()}
+
     @property
     def stopping_rule(self) -> str:
         """How beam search decides a sentence is done (recorded in an export's provenance)."""

@@ -25,7 +25,7 @@ def load_benchmark(name: str):
 
 def seeded_tiny_model(tokenizer, *, seed: int, norm: str = "post", share: str = "none",
                       max_positions: int = 24, output_scale: float = 1.0,
-                      perturb_vectors: bool = False):
+                      perturb_vectors: bool = False, **config_overrides):
     """A built 2-layer, d_model 32 Transformer over `tokenizer`'s vocabulary with seeded
     Glorot-uniform kernels and embeddings.
 
@@ -37,13 +37,15 @@ def seeded_tiny_model(tokenizer, *, seed: int, norm: str = "post", share: str = 
             the output layer), for sharper output distributions than a random model's flat ones.
         perturb_vectors: adds N(0, 0.1) to biases and LayerNorm parameters, so that a misplaced
             one shows.
+        config_overrides: other `ModelConfig` fields (activation, num_decoder_layers, ...).
     """
     from keras_transformer.config import ModelConfig
     from keras_transformer.model import Transformer
 
     config = ModelConfig(num_layers=2, d_model=32, num_heads=4, dff=64, dropout=0.1, norm=norm,
                          share_embeddings=share, source_vocab_size=tokenizer.vocab_size,
-                         target_vocab_size=tokenizer.vocab_size, max_positions=max_positions)
+                         target_vocab_size=tokenizer.vocab_size, max_positions=max_positions,
+                         **config_overrides)
     model = Transformer(config)
     model.build()
     rng = np.random.default_rng(seed)

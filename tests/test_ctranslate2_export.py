@@ -101,10 +101,12 @@ def test_greedy_matches_translator(models, tmp_path):
     model, tokenizer = models
     translator = Translator(model, tokenizer, tokenizer, DECODE)
     ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2"))
-    source_ids, caps, max_length = translator._encode_inputs(tf.constant(SENTENCES))
-    ids, scores = translator._greedy_ids(source_ids, caps, max_length)
+    source_ids = translator.source_ids(tf.constant(SENTENCES))
+    ids, scores = translator.search(source_ids, "greedy")
     ours = [[int(i) for i in row if i != PAD_ID] for row in ids.numpy()]
     found = ct2.greedy_ids(SENTENCES)
+    caps = np.minimum((source_ids.numpy() != PAD_ID).sum(axis=1) + DECODE.max_extra_length,
+                      MAX_LENGTH)
 
     assert len(tokenizer.tokenize(tf.constant(SENTENCES[2:3]))[0]) > MAX_LENGTH
     # What the caps and min_decoding_length=0 are about: the fixture model's outputs are END
@@ -112,10 +114,33 @@ def test_greedy_matches_translator(models, tmp_path):
     if model.config.norm == "post":
         assert all(row == [END_ID] for row in ours)
     else:
-        assert any(len(row) == cap for row, cap in zip(ours, caps.numpy()))
+        assert any(len(row) == cap for row, cap in zip(ours, caps))
         assert any(row[-1:] == [END_ID] for row in ours)
     assert [row for row, _ in found] == ours
     np.testing.assert_allclose([score for _, score in found], scores.numpy(), atol=1e-3)
+
+
+@pytest.mark.parametrize("options", [dict(activation="gelu", norm="pre", share="all"),
+                                     dict(num_layers=3, num_decoder_layers=1)])
+def test_model_options_export_with_the_savedmodels_ids(sentencepiece_tokenizers, options,
+                                                        tmp_path):
+    """`model.activation` and `model.num_decoder_layers` reach the CTranslate2 spec: its greedy
+    and beam ids are the Translator's (whose steps are the layers')."""
+    tokenizer = sentencepiece_tokenizers[0]
+    model = seeded_tiny_model(tokenizer, seed=5, output_scale=4.0, perturb_vectors=True,
+                              **options)
+    translator = Translator(model, tokenizer, tokenizer, DECODE)
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2"))
+    source_ids = translator.source_ids(tf.constant(SENTENCES))
+    ids, scores = translator.search(source_ids, "greedy")
+    ours = [[int(i) for i in row if i != PAD_ID] for row in ids.numpy()]
+    found = ct2.greedy_ids(SENTENCES)
+    assert len({len(row) for row in ours}) > 1, "every output as long: the test lost its edge"
+    assert [row for row, _ in found] == ours
+    np.testing.assert_allclose([score for _, score in found], scores.numpy(), atol=1e-3)
+    beam_ids, _ = translator.search(source_ids, "beam")
+    best = [[int(i) for i in row if i != PAD_ID] for row in beam_ids.numpy()[:, 0]]
+    assert [hypotheses[0][0] for hypotheses in ct2.beam_ids(SENTENCES)] == best
 
     expected = translator.translate_greedy(tf.constant(SENTENCES))
     result = ct2.translate_greedy(SENTENCES)
@@ -467,10 +492,6 @@ def test_cli_exports_ctranslate2_and_translates_with_either_export(random_run, t
     code, _, err = cli_run(capsys, monkeypatch, ["export", "--run", str(random_run), "--format",
                                                  "ctranslate2", "--output", str(ct2_dir)])
     assert code == 2 and "already exists" in err and len(err.splitlines()) == 1
-    code, _, err = cli_run(capsys, monkeypatch, ["export", "--run", str(random_run), "--format",
-                                                 "ctranslate2", "--xla", "--output",
-                                                 str(tmp_path / "x")])
-    assert code == 2 and "--xla is for SavedModel exports" in err
     code, _, err = cli_run(capsys, monkeypatch, ["translate", "--model", str(ct2_dir),
                                                  "--beam", "3"], "x\n")
     assert code == 2 and "exported with beam size 2" in err
@@ -490,12 +511,14 @@ def test_native_beam_stops_as_the_exports_patience(models, tmp_path):
     search = native.translator.translate_batch
     native.translator = type("Spy", (), {"translate_batch": lambda self, *a, **k: (
         calls.append(k), search(*a, **k))[1]})()
-    source_ids, caps, max_length = translator._encode_inputs(tf.constant(SENTENCES))
-    ids, scores = translator._beam_ids(source_ids, caps, max_length, 3)
+    source_ids = translator.source_ids(tf.constant(SENTENCES))
+    ids, scores = translator.search(source_ids, "beam")
+    caps = np.minimum((source_ids.numpy() != PAD_ID).sum(axis=1) + decode_config.max_extra_length,
+                      model.config.max_positions)
     found = native.beam_ids(SENTENCES)
     assert [(call["num_hypotheses"], call["patience"]) for call in calls] == [(6, 2.0)]
     compared = 0
-    for row, score, cap, hypotheses in zip(ids.numpy(), scores.numpy(), caps.numpy(), found):
+    for row, score, cap, hypotheses in zip(ids.numpy(), scores.numpy(), caps, found):
         best = [int(i) for i in row[0] if i != PAD_ID]
         if best[-1:] != [END_ID] or len(best) == cap:
             continue

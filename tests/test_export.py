@@ -266,20 +266,6 @@ def test_warmup_requests_replay(export_dir):
         assert all(t.shape[0] == len(inputs[SIGNATURE_INPUT]) for t in outputs.values())
 
 
-def test_xla_export_reloads_and_matches(translator, eager_outputs, tmp_path):
-    """`export --xla`: the search compiled with XLA exports, uses no other ops, and reloads
-    (TF Serving then needs --xla_cpu_compilation_enabled=true)."""
-    compiled = Translator(translator.model, translator.source_tokenizer,
-                          translator.target_tokenizer, translator.decode_config, jit_compile=True)
-    path = export_translator(compiled, tmp_path / "1", warmup_sentences=None)
-    custom_ops = graph_ops(path) - set(dir(tf.raw_ops))  # raw_ops: the core ops
-    assert custom_ops <= SERVING_TF_TEXT_OPS, custom_ops - SERVING_TF_TEXT_OPS
-    loaded = load_translator(path)
-    result = loaded.signatures["translate_greedy"](source=tf.constant(SENTENCES))
-    assert_same_outputs({k: v.numpy() for k, v in result.items()},
-                        eager_outputs["translate_greedy"], "translate_greedy (XLA)")
-
-
 def test_export_refuses_an_existing_version(translator, export_dir):
     with pytest.raises(FileExistsError, match="already exists"):
         export_translator(translator, export_dir)

@@ -81,8 +81,8 @@ def test_cached_greedy_equals_uncached_greedy(translator, seed):
     source_ids[:, -1] = END_ID
     source_ids[1, source_len // 2:] = PAD_ID  # a padded sentence
     length_caps = np.array([20, 5, 12, 1], np.int32)
-    cached, _ = translator._greedy_ids(tf.constant(source_ids), tf.constant(length_caps),
-                                       tf.constant(20))
+    cached, _ = translator.search(tf.constant(source_ids), "greedy",
+                                  length_caps=tf.constant(length_caps))
     expected = uncached_greedy(model, source_ids, length_caps, 20)
     np.testing.assert_array_equal(cached.numpy(), expected)
     assert (expected == END_ID).any(), "the random model never ends: the test lost its edge"
@@ -137,29 +137,25 @@ def test_frozen_weights_give_the_live_outputs_and_store_each_tensor_once(
 
 @pytest.mark.parametrize("share", ["none", "target", "all"])
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_fast_step_gives_the_keras_step_outputs(random_translation_model, norm, share):
-    """The searches over `inference.DecoderStep` give the ids of the same searches over the
-    Keras layers' `Transformer.decode_step` (the reference), and scores to float rounding.
-
-    Beam search runs the step on one row per sentence first, then on the beams: every layout
-    of the weights (`norm`, `share`) is compared through it. Greedy search, whose own part is
-    the loop and not the step, is compared for the first and the last layout."""
+def test_searches_follow_the_teacher_forced_model(random_translation_model, norm, share):
+    """For every layout of the weights (`norm`, `share`), greedy search over the layers'
+    decoding steps gives the uncached greedy search over the teacher-forced `call`, and beam
+    search's scores are the model's log P / lp of its ids."""
     fixture_model, tokenizer = random_translation_model
     model = fixture_model if (norm, share) == ("post", "none") else (
         random_model_like_the_fixture(tokenizer, norm, share))
-    config = DecodeConfig(beam_size=3, alpha=0.6, max_extra_length=8)
-    fast = Translator(model, tokenizer, tokenizer, config)
-    reference = Translator(model, tokenizer, tokenizer, config)
-    reference._fast_step = False
-    inputs = fast._encode_inputs(tf.constant(SENTENCES + BAD_INPUTS[:2]))
-    searches = ["_beam_ids"] + (["_greedy_ids"] if (norm, share) in {("post", "none"),
-                                                                      ("pre", "all")} else [])
-    for search in searches:
-        extra = (3,) if search == "_beam_ids" else ()
-        ids, scores = getattr(fast, search)(*inputs, *extra)
-        expected_ids, expected_scores = getattr(reference, search)(*inputs, *extra)
-        np.testing.assert_array_equal(ids, expected_ids)
-        np.testing.assert_allclose(scores, expected_scores, rtol=1e-5, atol=1e-5)
+    translator = Translator(model, tokenizer, tokenizer,
+                            DecodeConfig(beam_size=3, alpha=0.0, max_extra_length=8))
+    source_ids = translator.source_ids(tf.constant(SENTENCES + BAD_INPUTS[:1]))
+    ids, _ = translator.search(source_ids, "greedy")
+    lengths = (source_ids.numpy() != PAD_ID).sum(axis=1)
+    caps = np.minimum(lengths + 8, model.config.max_positions)
+    np.testing.assert_array_equal(ids, uncached_greedy(model, source_ids.numpy(), caps, ids.shape[1]))
+    beam_ids, beam_scores = translator.search(source_ids, "beam")
+    for rank in range(3):
+        np.testing.assert_allclose(beam_scores[:, rank],
+                                   sequence_log_probs(model, source_ids, beam_ids[:, rank]),
+                                   atol=1e-3)
 
 
 def test_stopping_rule_follows_the_config(random_translation_model):
@@ -173,9 +169,9 @@ def test_stopping_rule_follows_the_config(random_translation_model):
         searches[stopping] = Translator(model, tokenizer, tokenizer, config)
         assert searches[stopping].stopping_rule.startswith(decoding.STOPPING_RULES[stopping])
     assert searches["beam_full"].stopping_rule.endswith("; patience 1")
-    inputs = searches["exact"]._encode_inputs(tf.constant(SENTENCES))
-    exact_ids, exact_scores = searches["exact"]._beam_ids(*inputs, 3)
-    full_ids, full_scores = searches["beam_full"]._beam_ids(*inputs, 3)
+    source_ids = searches["exact"].source_ids(tf.constant(SENTENCES))
+    exact_ids, exact_scores = searches["exact"].search(source_ids, "beam")
+    full_ids, full_scores = searches["beam_full"].search(source_ids, "beam")
     # The exact rule returns the best of everything beam_full finished and more.
     assert np.all(exact_scores.numpy()[:, 0] >= full_scores.numpy()[:, 0] - 1e-5)
     assert not np.array_equal(exact_ids, full_ids), "the rules agree here: the test lost its edge"
@@ -200,9 +196,9 @@ def test_beam_scores_are_model_scores_and_beat_greedy(random_translation_model):
     beam_size = 4
     search = Translator(model, tokenizer, tokenizer, DecodeConfig(beam_size=beam_size, alpha=0.0,
                                                                   max_extra_length=8))
-    source_ids, length_caps, max_decode_length = search._encode_inputs(tf.constant(SENTENCES))
-    greedy_ids, greedy_scores = search._greedy_ids(source_ids, length_caps, max_decode_length)
-    beam_ids, beam_scores = search._beam_ids(source_ids, length_caps, max_decode_length, beam_size)
+    source_ids = search.source_ids(tf.constant(SENTENCES))
+    greedy_ids, greedy_scores = search.search(source_ids, "greedy")
+    beam_ids, beam_scores = search.search(source_ids, "beam")
     greedy_ids, beam_ids = greedy_ids.numpy(), beam_ids.numpy()  # [batch, len], [batch, k, len]
     greedy_scores, beam_scores = greedy_scores.numpy(), beam_scores.numpy()  # [batch], [batch, k]
 
@@ -231,7 +227,7 @@ def test_the_best_beam_is_the_first_of_the_nbest_of_one_search(random_translatio
     best, nbest = search.translate_beam(source), search.translate_nbest(source)
     assert texts(best["translation"]) == texts(nbest["translations"][:, 0])
     np.testing.assert_array_equal(best["score"], nbest["scores"][:, 0])
-    assert search._searches["beam"].experimental_get_tracing_count() == 1
+    assert search.trace_counts()["beam"] == 1
 
 
 def test_a_beam_translator_at_another_alpha_is_a_translator_made_with_it(
@@ -257,7 +253,7 @@ def test_a_beam_translator_at_another_alpha_is_a_translator_made_with_it(
         np.testing.assert_array_equal(got["score"], want["score"])
         results.append(texts(got["translation"]))
     assert results[0] != results[1]  # the alphas rank these sentences' beams differently
-    assert search._searches["beam_at_alpha"].experimental_get_tracing_count() == 1
+    assert search.trace_counts()["translate_beam"] == 1
     with pytest.raises(ConfigError, match="alpha=-0.5: must be >= 0"):
         search.beam_translator(-0.5)
 
@@ -386,11 +382,11 @@ def test_long_source_is_truncated_to_the_model_length(translator):
     sentences that share those tokens get the same translation."""
     long_a = " ".join(["Wort"] * 2000)
     long_b = " ".join(["Wort"] * 300 + ["Hund"] * 50)
-    source_ids, length_caps, _ = translator._encode_inputs(tf.constant([long_a, long_b]))
+    source_ids = translator.source_ids(tf.constant([long_a, long_b]))
     limit = translator.model.config.max_positions
     assert source_ids.shape == (2, limit)
     assert (source_ids[:, -1].numpy() == END_ID).all()
-    assert (length_caps.numpy() == limit).all()
+    assert translator.search(source_ids, "greedy")[0].shape == (2, limit)  # capped outputs
     result = translator.translate_greedy(tf.constant([long_a, long_b]))
     assert texts(result["translation"])[0] == texts(result["translation"])[1]
 
@@ -407,8 +403,8 @@ def test_empty_batch_gives_empty_outputs(translator):
 def test_output_length_is_capped_by_source_length(random_translation_model):
     model, tokenizer = random_translation_model
     short = Translator(model, tokenizer, tokenizer, DecodeConfig(max_extra_length=1))
-    source_ids, length_caps, max_decode_length = short._encode_inputs(tf.constant(["Hallo", "Ein Hund."]))
-    ids, _ = short._greedy_ids(source_ids, length_caps, max_decode_length)
+    source_ids = short.source_ids(tf.constant(["Hallo", "Ein Hund."]))
+    ids, _ = short.search(source_ids, "greedy")
     source_lengths = (source_ids.numpy() != PAD_ID).sum(axis=1)
     generated = (ids.numpy() != PAD_ID).sum(axis=1)
     assert (generated <= source_lengths + 1).all() and ids.shape[1] == max(source_lengths) + 1
