@@ -116,9 +116,9 @@ class Translator(tf.Module):
             "greedy": tf.function(functools.partial(self._search_ids, beam=False),
                                   autograph=False),
             "beam": tf.function(functools.partial(self._search_ids, beam=True), autograph=False),
-            "translate_beam": tf.function(functools.partial(self.translate, search="beam"),
-                                          input_signature=[STRINGS_SPEC, ALPHA_SPEC],
-                                          autograph=False)})
+            "translate_beam": tf.function(
+                lambda source, alpha: self.translate(source, "beam", alpha),
+                input_signature=[STRINGS_SPEC, ALPHA_SPEC], autograph=False)})
 
     @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
     def __call__(self, source):

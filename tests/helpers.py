@@ -42,10 +42,11 @@ def seeded_tiny_model(tokenizer, *, seed: int, norm: str = "post", share: str = 
     from keras_transformer.config import ModelConfig
     from keras_transformer.model import Transformer
 
-    config = ModelConfig(num_layers=2, d_model=32, num_heads=4, dff=64, dropout=0.1, norm=norm,
-                         share_embeddings=share, source_vocab_size=tokenizer.vocab_size,
-                         target_vocab_size=tokenizer.vocab_size, max_positions=max_positions,
-                         **config_overrides)
+    config = ModelConfig(**{
+        **dict(num_layers=2, d_model=32, num_heads=4, dff=64, dropout=0.1, norm=norm,
+               share_embeddings=share, source_vocab_size=tokenizer.vocab_size,
+               target_vocab_size=tokenizer.vocab_size, max_positions=max_positions),
+        **config_overrides})
     model = Transformer(config)
     model.build()
     rng = np.random.default_rng(seed)

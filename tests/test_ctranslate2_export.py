@@ -133,13 +133,14 @@ def test_model_options_export_with_the_savedmodels_ids(sentencepiece_tokenizers,
     ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2"))
     source_ids = translator.source_ids(tf.constant(SENTENCES))
     ids, scores = translator.search(source_ids, "greedy")
-    ours = [[int(i) for i in row if i != PAD_ID] for row in ids.numpy()]
+    # A random model may generate PAD's id as a token: only the padding after the output goes.
+    ours = [np.trim_zeros(row, "b").tolist() for row in ids.numpy()]
     found = ct2.greedy_ids(SENTENCES)
     assert len({len(row) for row in ours}) > 1, "every output as long: the test lost its edge"
     assert [row for row, _ in found] == ours
     np.testing.assert_allclose([score for _, score in found], scores.numpy(), atol=1e-3)
     beam_ids, _ = translator.search(source_ids, "beam")
-    best = [[int(i) for i in row if i != PAD_ID] for row in beam_ids.numpy()[:, 0]]
+    best = [np.trim_zeros(row, "b").tolist() for row in beam_ids.numpy()[:, 0]]
     assert [hypotheses[0][0] for hypotheses in ct2.beam_ids(SENTENCES)] == best
 
     expected = translator.translate_greedy(tf.constant(SENTENCES))

@@ -151,7 +151,7 @@ def test_searches_follow_the_teacher_forced_model(random_translation_model, norm
     lengths = (source_ids.numpy() != PAD_ID).sum(axis=1)
     caps = np.minimum(lengths + 8, model.config.max_positions)
     np.testing.assert_array_equal(ids, uncached_greedy(model, source_ids.numpy(), caps, ids.shape[1]))
-    beam_ids, beam_scores = translator.search(source_ids, "beam")
+    beam_ids, beam_scores = (t.numpy() for t in translator.search(source_ids, "beam"))
     for rank in range(3):
         np.testing.assert_allclose(beam_scores[:, rank],
                                    sequence_log_probs(model, source_ids, beam_ids[:, rank]),
@@ -303,13 +303,9 @@ class CountingTranslator(Translator):
         self.searches.assign_add(1)
         self.searched_rows.assign_add(tf.shape(source_ids)[0])
 
-    def _greedy_search(self, source_ids, *args):
+    def _search_ids(self, source_ids, *args, **kwargs):
         self._count(source_ids)
-        return super()._greedy_search(source_ids, *args)
-
-    def _beam_search(self, source_ids, *args):
-        self._count(source_ids)
-        return super()._beam_search(source_ids, *args)
+        return super()._search_ids(source_ids, *args, **kwargs)
 
     def counts(self):
         counts = int(self.searches.numpy()), int(self.searched_rows.numpy())
