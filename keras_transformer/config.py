@@ -34,7 +34,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 PRESETS_DIR = Path(os.environ.get("KERAS_TRANSFORMER_PRESETS", REPO_ROOT / "experiments" / "presets"))
 DATA_ENV = "KERAS_TRANSFORMER_DATA"
 ACTIVATIONS = ("relu", "gelu")  # model.activation (layers.feed_forward.ACTIVATIONS)
-RESERVED_IDS = 4  # PAD, START, END and UNK take the first ids of every vocabulary (tokenizers.py)
+# PAD, START, END and UNK take the first ids of every vocabulary (tokenizers.py).
+PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
+RESERVED_IDS = 4
+# File names of what the package writes: the joint SentencePiece model (a run's vocabulary
+# folder, a CTranslate2 export), and an export's record of where it came from and how it decodes
+# (a SavedModel's assets.extra/, a CTranslate2 export's folder).
+SENTENCEPIECE_FILE = "sentencepiece.model"
+PROVENANCE_FILE = "keras_transformer.json"
 SECTIONS = ("model", "data", "train", "decode")
 
 

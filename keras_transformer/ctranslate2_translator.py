@@ -31,16 +31,16 @@ import ctranslate2
 import numpy as np
 import sentencepiece
 
-from keras_transformer.config import ConfigError
+from keras_transformer.config import PROVENANCE_FILE, SENTENCEPIECE_FILE, ConfigError
 from keras_transformer.search_rules import (NEG_INF, cannot_improve, finished_to_stop,
                                             length_penalty)
 from keras_transformer.text_io import first_line
 from keras_transformer.text_normalization import normalize
 
-# The files an export holds besides CTranslate2's own (model.bin, config.json,
-# shared_vocabulary.json); `ctranslate2_export` writes them.
-SETTINGS_FILE = "keras_transformer.json"  # beam size, alpha, caps, markers, provenance
-SENTENCEPIECE_FILE = "sentencepiece.model"  # the joint SentencePiece model
+# What an export holds besides CTranslate2's own files (model.bin, config.json,
+# shared_vocabulary.json), written by `ctranslate2_export`: the SentencePiece model and the
+# settings (beam size, alpha, caps, markers) with the provenance.
+SETTINGS_FILE = PROVENANCE_FILE
 MAX_BATCH_SIZE = 32  # sentences per CTranslate2 batch (beam search decodes beam_size times more)
 BEAM_RULES = ("native", "exact")
 

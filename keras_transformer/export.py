@@ -22,7 +22,7 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
-from keras_transformer.config import ConfigError
+from keras_transformer.config import PROVENANCE_FILE, ConfigError
 from keras_transformer.runs import Run, check_writable_folder
 from keras_transformer.text_io import first_line
 from keras_transformer.text_normalization import NORMALIZATION
@@ -31,7 +31,6 @@ from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, STRINGS_S
                                           translator_from_run)
 
 WARMUP_FILE = "tf_serving_warmup_requests"  # in assets.extra/, replayed by TF Serving on load
-PROVENANCE_FILE = "keras_transformer.json"  # in assets.extra/ (SavedModel) or the folder itself
 EXPORT_FORMATS = ("savedmodel", "ctranslate2")
 WARMUP_SENTENCES = ("Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "")
 
@@ -223,7 +222,7 @@ def write_warmup_requests(export_dir: str | os.PathLike, sentences: Sequence[str
     """Writes `assets.extra/tf_serving_warmup_requests`: one PredictRequest per signature.
 
     TF Serving replays these before it serves a version, so the first real request does not pay
-    for loading the tokenizers and (with XLA) compiling. Returns None, writing nothing, when
+    for loading the tokenizers and tracing. Returns None, writing nothing, when
     tensorflow-serving-api is not installed (an optional extra).
     """
     try:

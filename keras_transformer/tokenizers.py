@@ -40,14 +40,20 @@ import tensorflow_text as text
 from tensorflow_text.python.ops.bert_tokenizer import BasicTokenizer  # not exported at top level
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
 
-from keras_transformer.config import ConfigError, DataConfig
+from keras_transformer.config import (  # noqa: F401 (the reserved ids, re-exported)
+    END_ID,
+    PAD_ID,
+    SENTENCEPIECE_FILE,
+    START_ID,
+    UNK_ID,
+    ConfigError,
+    DataConfig,
+)
 from keras_transformer.text_normalization import INVISIBLE_PATTERN, WHITESPACE_PATTERN
 
 logger = logging.getLogger(__name__)
 
-PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
 WORDPIECE_RESERVED = ["[PAD]", "[START]", "[END]", "[UNK]"]  # in id order
-SENTENCEPIECE_FILE = "sentencepiece.model"
 META_FILE = "tokenizer.json"
 
 # tf-text ops the TF Serving model server links (see FIELD-NOTES): graphs may use no other custom op.
