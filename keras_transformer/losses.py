@@ -132,7 +132,7 @@ class MaskedAccuracy(keras.metrics.Metric):
         y_true = ops.cast(y_true, "int32")
         mask = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
         # A max and a gather, not an argmax: ops.argmax adds a float32 copy of the logits and
-        # four passes over them (to order -0.0 before 0.0); timings in experiments/log/2026-11-25.md.
+        # four passes over them (to order -0.0 before 0.0), measured in experiments/log/2026-11-25.md.
         label_logits = tf.gather(y_pred, y_true, batch_dims=len(y_true.shape))
         hits = ops.cast(label_logits >= ops.max(y_pred, axis=-1), "float32")
         self.correct.assign_add(ops.sum(hits * mask))

@@ -150,7 +150,7 @@ def resolve_precision(precision: str, strategy: tf.distribute.Strategy | None = 
     auto: mixed_bfloat16 where matmuls run natively in bfloat16 (TPUs, GPUs of compute
     capability 8.0 and up, CPUs with AMX-BF16 or AVX512-BF16), mixed_float16 on GPUs of compute
     capability 7.x, float32 elsewhere. On a CPU without native bfloat16 the emulated mixed
-    policy is slower, not faster: 3x slower than float32 for the tutorial preset on an AVX2 CPU.
+    policy is slower, not faster (experiments/RESULTS.md, "Training speed").
     """
     if precision != "auto":
         return precision
