@@ -112,7 +112,8 @@ class ModelConfig:
 
     @property
     def decoder_layers(self) -> int:
-        """Layers in the decoder stack: `num_decoder_layers`, or `num_layers` if unset."""
+        """The number of layers in the decoder stack (`num_decoder_layers`, or `num_layers` if
+        unset)."""
         return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
 
     @classmethod

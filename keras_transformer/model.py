@@ -115,10 +115,10 @@ class Transformer(keras.Model):
 
     # The reported "loss" (fit's training loss and val_loss, evaluate's) is the mean over every
     # real target token of the epoch or evaluation set. Keras weights each batch's mean loss by
-    # its number of sentences, which favours batches of short sentences (on Multi30k validation
-    # 2.6-2.8% below the per-token mean, experiments/log/2026-11-25.md) and makes the figure depend on
-    # `tokens_per_batch` and `bucket_step`. Both steps are Keras's (TensorFlow backend) but for
-    # that weighting.
+    # its number of sentences, which favours batches of short sentences (measured in
+    # experiments/log/2026-11-25.md) and makes the figure depend on `tokens_per_batch` and
+    # `bucket_step`.
+    # Both steps are Keras's (TensorFlow backend) but for that weighting.
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)

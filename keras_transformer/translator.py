@@ -225,9 +225,10 @@ class Translator(tf.Module):
                 source length + `max_extra_length`, at most the model's `max_positions`).
 
         Returns:
-            greedy: ids int32 `[batch, max_len]` (END included where produced, PAD after it)
-            and scores float32 `[batch]` (log P); beam: ids `[batch, beam, max_len]` and scores
-            `[batch, beam]` (log P / lp), best first, the n-best of `decoding.BeamSearch`.
+            `(ids, scores)`. Greedy search: ids int32 `[batch, max_len]` (END included where
+            produced, PAD after it) and scores float32 `[batch]` (log P). Beam search: ids
+            `[batch, beam, max_len]` and scores `[batch, beam]` (log P / lp), best first, the
+            n-best of `decoding.BeamSearch`.
         """
         if search not in ("greedy", "beam"):
             raise ValueError(f"search={search!r} is not one of 'greedy', 'beam'")
