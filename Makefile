@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export KERAS_TRANSFORMER_DATA ?= $(abspath ../shared/data/multi30k)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install test test-all demo docs clean
+.PHONY: install test test-all demo docs guide clean
 
 $(BIN)/keras-transformer: setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ demo: install  ## the main job on real Multi30k German-English
 
 docs: install  ## the API reference in docs/_build/html (index.html); any warning fails the build
 	$(BIN)/sphinx-build -W --keep-going -n -b html docs docs/_build/html
+
+GUIDE_SIZE ?= full
+guide: install  ## docs/guide.ipynb rebuilt from docs/guide.py and run at full size (tests run it tiny)
+	$(BIN)/python docs/build_guide.py --size $(GUIDE_SIZE) --notebook docs/guide.ipynb
 
 clean:
 	rm -rf $(VENV) *.egg-info runs/demo docs/_build
