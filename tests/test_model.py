@@ -307,3 +307,15 @@ def test_cross_attention_scores_are_distributions_over_real_source_tokens(model)
     assert scores.shape == (3, model.config.num_heads, 7, 9)
     np.testing.assert_allclose(scores.sum(-1), 1.0, rtol=1e-5)
     assert np.all(scores[1, :, :, 6:] < 1e-6)  # sentence 1 is padded from position 6
+
+
+def test_summary_lists_the_stacks_with_their_shapes():
+    """`model.summary()` (which asks every layer for its output shape by its build arguments'
+    names) lists the embeddings and stacks, and the parameter count."""
+    model = Transformer(tiny())
+    model.build()
+    lines = []
+    model.summary(print_fn=lambda line, **_: lines.append(line))
+    text = "\n".join(lines)
+    assert "encoder (Encoder)" in text and "decoder (Decoder)" in text
+    assert f"{count_parameters(model.config):,}" in text

@@ -119,8 +119,10 @@ class BaseAttention(keras.layers.Layer):
     def _scale(self):
         return 1.0 / math.sqrt(float(self.head_dim))
 
-    def compute_output_shape(self, x_shape, *args, **kwargs):
-        return x_shape
+    def compute_output_shape(self, *shapes, **named_shapes):
+        # The input's shape, however the build arguments name it (`summary()` passes them by
+        # the names of `build`'s parameters).
+        return (shapes or tuple(named_shapes.values()))[0]
 
     def get_config(self):
         config = super().get_config()

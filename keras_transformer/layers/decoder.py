@@ -81,8 +81,10 @@ class DecoderLayer(keras.layers.Layer):
         x = self.cross_attention.step(weights["cross_attention"], x, memory, bias, beams)
         return self.ffn.packed_call(weights["ffn"], x), cache
 
-    def compute_output_shape(self, x_shape, *args, **kwargs):
-        return x_shape
+    def compute_output_shape(self, *shapes, **named_shapes):
+        # The input's shape, however the build arguments name it (`summary()` passes them by
+        # the names of `build`'s parameters).
+        return (shapes or tuple(named_shapes.values()))[0]
 
     def get_config(self):
         config = super().get_config()

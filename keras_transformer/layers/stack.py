@@ -55,8 +55,10 @@ class LayerStack(keras.layers.Layer):
         """`_finish` in the decoding steps."""
         return normalize(x, weights["final_norm"]) if "final_norm" in weights else x
 
-    def compute_output_shape(self, x_shape, *args, **kwargs):
-        return x_shape
+    def compute_output_shape(self, *shapes, **named_shapes):
+        # The input's shape, however the build arguments name it (`summary()` passes them by
+        # the names of `build`'s parameters).
+        return (shapes or tuple(named_shapes.values()))[0]
 
     def get_config(self):
         config = super().get_config()
