@@ -53,7 +53,8 @@ class DecodingStrategy:
     The search state is a dict of tensors with one row per sentence still decoding. A strategy
     defines `beams` (rows of the step function per sentence) and:
 
-        initialize(batch_size, start_ids, caps, max_decode_length) -> search state
+        initialize(batch_size, start_ids, caps, max_decode_length) -> search state (called once
+            per search, inside the traced function: the strategy may keep `max_decode_length`)
         inputs(search, first) -> ids int32 `[n * beams]` (`[n]` with `first`)
         step(step, logits, search) -> (search, parents int32 `[n, beams]` or None, done bool `[n]`)
         results(search) -> per-sentence outputs `[n, ...]`, written when a sentence is done
@@ -79,6 +80,7 @@ class GreedySearch(DecodingStrategy):
         self.end_id = end_id
 
     def initialize(self, batch_size, start_ids, caps, max_decode_length):
+        self.max_decode_length = max_decode_length  # the output columns, for `step`
         return {"ids": start_ids, "output": tf.zeros([batch_size, max_decode_length], tf.int32),
                 "scores": tf.zeros([batch_size], tf.float32), "caps": caps}
 
@@ -88,8 +90,8 @@ class GreedySearch(DecodingStrategy):
     def step(self, step, logits, search):
         log_probs, ids = _top_log_probs(tf.cast(logits, tf.float32), 1)  # [n, 1]
         ids, log_probs = ids[:, 0], log_probs[:, 0]
-        max_decode_length = tf.shape(search["output"])[1]
-        output = search["output"] + tf.one_hot(step, max_decode_length, dtype=tf.int32) * ids[:, None]
+        output = search["output"] + tf.one_hot(
+            step, self.max_decode_length, dtype=tf.int32) * ids[:, None]
         done = tf.equal(ids, self.end_id) | (step + 1 >= search["caps"])  # [n]
         return ({"ids": ids, "output": output, "scores": search["scores"] + log_probs,
                  "caps": search["caps"]}, None, done)
@@ -170,6 +172,7 @@ class BeamSearch(DecodingStrategy):
         self.finished_needed = finished_to_stop(beam_size, patience)
 
     def initialize(self, batch_size, start_ids, caps, max_decode_length):
+        self.max_decode_length = max_decode_length  # the output columns, for `step`
         beam = self.beam_size
         # All beams start identical: only the first one may expand at step 0.
         first_beam_only = tf.concat([[0.0], tf.fill([beam - 1], NEG_INF)], axis=0)  # [beam]
@@ -190,7 +193,6 @@ class BeamSearch(DecodingStrategy):
     def step(self, step, logits, search):
         beam = self.beam_size
         n = tf.shape(search["alive_ids"])[0]
-        max_decode_length = tf.shape(search["alive_seq"])[2]
         # The 2 * beam best candidates of each beam first: they hold the 2 * beam best of the
         # sentence, in the same order (ties: lower beam, then lower token id first, as a top-k
         # over [n, beam * vocab] orders them), and the top-k over the whole vocabulary needs no
@@ -206,7 +208,7 @@ class BeamSearch(DecodingStrategy):
         top_beam = top_index // per_beam  # [n, 2 * beam]
         top_ids = tf.gather(tf.reshape(row_ids, [n, -1]), top_index, batch_dims=1)  # [n, 2 * beam]
         top_seq = tf.gather(search["alive_seq"], top_beam, batch_dims=1)  # [n, 2 * beam, len]
-        top_seq += tf.one_hot(step, max_decode_length, dtype=tf.int32) * top_ids[:, :, tf.newaxis]
+        top_seq += tf.one_hot(step, self.max_decode_length, dtype=tf.int32) * top_ids[:, :, tf.newaxis]
 
         length = step + 1
         caps = search["caps"]
