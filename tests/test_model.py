@@ -107,6 +107,17 @@ def test_embedding_sharing(share, embeddings):
             atol=1e-6)  # float32 sums of 32 products, in another order than NumPy's
 
 
+def test_model_options_are_checked():
+    from keras_transformer.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.activation='swish'"):
+        tiny(activation="swish")
+    with pytest.raises(ConfigError, match="model.num_decoder_layers=0"):
+        tiny(num_decoder_layers=0)
+    assert tiny().decoder_layers == tiny().num_layers
+    assert tiny(num_decoder_layers=1).decoder_layers == 1
+
+
 def test_base_preset_parameter_count():
     """Transformer base with a shared 37,000-token vocabulary (the paper quotes about 65M)."""
     v, d, f, n = 37000, 512, 2048, 6
@@ -123,10 +134,13 @@ def test_get_config_round_trip():
     """The model rebuilt from its config computes the same function: with the original's weights
     copied in, its logits are equal on the same inputs. Non-default settings (pre-norm, the
     decoder embedding tied to the output projection) would change them if lost."""
-    model = Transformer(tiny(norm="pre", share_embeddings="target", num_layers=3))
+    model = Transformer(tiny(norm="pre", share_embeddings="target", num_layers=3,
+                             num_decoder_layers=1, activation="gelu"))
     batch = random_batch(seed=5)
     expected = model(batch).numpy()
     clone = Transformer.from_config(model.get_config())
+    assert len(clone.encoder.stack) == 3 and len(clone.decoder.stack) == 1
+    assert clone.decoder.stack[0].ffn.activation == "gelu"
     assert clone.config == model.config
     clone(batch)  # builds the clone's weights
     clone.set_weights(model.get_weights())
@@ -149,7 +163,7 @@ def test_compile_builds_the_model_and_the_optimizer(tmp_path):
     no variable, and a saved compiled model loads with its optimizer state."""
     from keras_transformer import MaskedLabelSmoothedCrossEntropy
 
-    model = Transformer(tiny())
+    model = Transformer(tiny(activation="gelu", num_decoder_layers=1))
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=MaskedLabelSmoothedCrossEntropy())
     assert model.built and model.optimizer.built
     slots = [v.path for v in model.optimizer.variables]
