@@ -35,9 +35,9 @@ those sizes, pre-norm or post-norm as `model.norm`, embeddings shared as
 `model.share_embeddings` (`all`: source, target and output; an output bias only without
 sharing, as ours), `model.dropout` on the layers' outputs and the embeddings and none inside
 attention or the FFN (as ours); Adam (0.9, 0.98, 1e-9) on the Noam schedule with our warmup
-and `train.learning_rate_scale`, label smoothing `train.label_smoothing`, batches of `data.tokens_per_batch` tokens (`batch_type: tokens`,
-length buckets of `data.bucket_step`), float32 on a CPU without native bfloat16 (ours:
-`train.precision`, printed).
+and `train.learning_rate_scale`, label smoothing `train.label_smoothing`, batches of
+`data.tokens_per_batch` tokens (`batch_type: tokens`, length buckets of `data.bucket_step`),
+float32 on a CPU without native bfloat16 (ours: `train.precision`, printed).
 
 The same evaluation: every --eval-steps optimizer steps (default the recipe's
 `train.steps_per_epoch`, our epoch), greedy decoding of the first --val-sentences validation
