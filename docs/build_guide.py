@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import time
@@ -22,6 +23,12 @@ DOCS = Path(__file__).resolve().parent
 REPO = DOCS.parent
 SOURCE = DOCS / "guide.py"
 NOTEBOOK = DOCS / "guide.ipynb"
+# TensorFlow's C++ log lines ("I0000 00:00:1796289088.670130    2003 port.cc:153] oneDNN ..."),
+# and absl's notice before them: written to stderr before absl's logging is initialized, so
+# TF_CPP_MIN_LOG_LEVEL does not silence them all.
+NATIVE_LOG_LINE = re.compile(
+    r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.]+:\d+\] .*"
+    r"|WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR")
 
 
 def build():
@@ -53,6 +60,24 @@ def execute(notebook, size: str, output: str | os.PathLike, *, timeout: int = 36
     return notebook
 
 
+def drop_native_log_lines(notebook):
+    """Removes TensorFlow's C++ log lines (`NATIVE_LOG_LINE`) from the cells' stderr outputs,
+    and the outputs left empty; everything else the cells printed stays."""
+    for cell in notebook.cells:
+        kept = []
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream" and output.get("name") == "stderr":
+                lines = output["text"].splitlines(keepends=True)
+                output["text"] = "".join(
+                    line for line in lines if not NATIVE_LOG_LINE.fullmatch(line.rstrip("\n")))
+                if not output["text"].strip():
+                    continue
+            kept.append(output)
+        if "outputs" in cell:
+            cell["outputs"] = kept
+    return notebook
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=("tiny", "full"), default="full")
@@ -66,7 +91,7 @@ def main(argv=None) -> int:
 
     output = args.output or Path(tempfile.mkdtemp(prefix="keras-transformer-guide-"))
     start = time.perf_counter()
-    notebook = execute(build(), args.size, output)
+    notebook = drop_native_log_lines(execute(build(), args.size, output))
     nbformat.write(notebook, args.notebook)
     print(f"{args.notebook}: {len(notebook.cells)} cells run at size {args.size} in "
           f"{time.perf_counter() - start:.0f} s; its files are in {output}")

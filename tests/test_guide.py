@@ -103,3 +103,35 @@ def test_the_guide_runs_top_to_bottom_at_tiny_size(multi30k_dir, tmp_path, monke
     assert (output / "run" / "config.yaml").is_file()
     assert (output / "saved_models" / "guide" / "1" / "saved_model.pb").is_file()
     assert repository_files() == repository_before
+
+
+def test_the_saved_notebook_drops_tensorflows_native_log_lines_and_keeps_the_rest():
+    from nbformat import v4
+
+    guide = build_guide()
+    native = ("WARNING: All log messages before absl::InitializeLog() is called are written to "
+              "STDERR\nI0000 00:00:1796289088.670130    2003 port.cc:153] oneDNN custom "
+              "operations are on.\nE0000 00:00:1796289092.198065    2003 cuda_platform.cc:52] "
+              "failed call to cuInit\n")
+    only_native = v4.new_code_cell("import tensorflow")
+    only_native.outputs = [v4.new_output("stream", name="stderr", text=native)]
+    mixed = v4.new_code_cell("fit()")
+    mixed.outputs = [v4.new_output("stream", name="stderr", text=native + "Epoch 1/8\n"),
+                     v4.new_output("stream", name="stdout", text=native)]
+    notebook = guide.drop_native_log_lines(v4.new_notebook(cells=[only_native, mixed]))
+    assert notebook.cells[0].outputs == []
+    assert [output["text"] for output in notebook.cells[1].outputs] == ["Epoch 1/8\n", native]
+
+
+def test_the_committed_notebook_is_the_full_run_without_native_log_lines():
+    import nbformat
+
+    guide = build_guide()
+    notebook = nbformat.read(REPO_ROOT / "docs" / "guide.ipynb", as_version=4)
+    assert "size full" in text_of(cell_with(notebook, 'GUIDE_SIZE = os.environ'))
+    assert [cell.source for cell in notebook.cells] == [cell.source for cell in guide.build().cells]
+    for cell in notebook.cells:
+        for output in outputs_of(cell):
+            if output["output_type"] == "stream":
+                assert not any(guide.NATIVE_LOG_LINE.fullmatch(line)
+                               for line in output["text"].splitlines())
