@@ -211,6 +211,9 @@ class TrainConfig:
     steps_per_epoch: Optional[int] = None  # None: one pass over the training data
     warmup_steps: int = 4000
     learning_rate_scale: float = 1.0  # multiplies the paper's schedule
+    # After the warmup: "inverse_sqrt" (the paper's equation 3) | "linear" (from the same peak
+    # to 0 at the last step, epochs x steps_per_epoch; needs steps_per_epoch)
+    decay: str = "inverse_sqrt"
     adam_beta_1: float = 0.9
     adam_beta_2: float = 0.98
     adam_epsilon: float = 1e-9
@@ -233,6 +236,16 @@ class TrainConfig:
             raise ConfigError(f"train.log_every_steps={self.log_every_steps!r} must be >= 0")
         _check_probability("train.label_smoothing", self.label_smoothing)
         _check_positive("train.learning_rate_scale", self.learning_rate_scale)
+        _check_choice("train.decay", self.decay, ("inverse_sqrt", "linear"))
+        if self.decay == "linear":
+            if self.steps_per_epoch is None:
+                raise ConfigError("train.decay=linear decays to 0 at the last step: set "
+                                  "train.steps_per_epoch so that the run's length is known")
+            if self.epochs * self.steps_per_epoch <= self.warmup_steps:
+                raise ConfigError(
+                    f"train.decay=linear: train.epochs x train.steps_per_epoch = "
+                    f"{self.epochs * self.steps_per_epoch} steps must exceed "
+                    f"train.warmup_steps={self.warmup_steps}")
         _check_probability("train.adam_beta_1", self.adam_beta_1)
         _check_probability("train.adam_beta_2", self.adam_beta_2)
         _check_positive("train.adam_epsilon", self.adam_epsilon)

@@ -18,21 +18,35 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     The step is the optimizer's update count, gradient accumulation or not (an accumulated
     update is one step, `Transformer.train_step`).
+
+    With `total_steps`, the rate falls linearly instead after the warmup, from the same peak
+    to 0 at step `total_steps` (and stays 0 after it): a run whose length is fixed in advance
+    spends its last steps at small rates, where the paper's schedule is still at
+    sqrt(warmup_steps / step) of its peak (`train.decay: linear`).
     """
 
-    def __init__(self, d_model, warmup_steps=4000, scale=1.0):
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0, total_steps=None):
+        if total_steps is not None and total_steps <= warmup_steps:
+            raise ValueError(f"total_steps={total_steps} must exceed "
+                             f"warmup_steps={warmup_steps}")
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.scale = scale
+        self.total_steps = total_steps
 
     def __call__(self, step):
         step = ops.maximum(ops.cast(step, "float32"), 1.0)
         warmup = float(self.warmup_steps)
-        return (self.scale * self.d_model**-0.5
-                * ops.minimum(ops.rsqrt(step), step * warmup**-1.5))
+        if self.total_steps is None:
+            decay = ops.rsqrt(step)
+        else:
+            total = float(self.total_steps)
+            decay = warmup**-0.5 * ops.maximum(total - step, 0.0) / (total - warmup)
+        return self.scale * self.d_model**-0.5 * ops.minimum(decay, step * warmup**-1.5)
 
     def get_config(self):
-        return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
+        return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale,
+                "total_steps": self.total_steps}
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -60,13 +74,18 @@ class FusedAdam(keras.optimizers.Adam):
 
 
 def create_optimizer(model_config: ModelConfig, train_config: TrainConfig) -> keras.Optimizer:
-    """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on the paper's schedule, by default.
+    """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on the paper's schedule, by default; with
+    `train.decay: linear` the rate falls to 0 at the run's last step (`train.epochs` x
+    `train.steps_per_epoch`).
 
     Gradient accumulation (`train.accumulate_steps`) is not the optimizer's: the model's
     `train_step` sums a group's gradients and applies them once.
     """
+    total_steps = None
+    if train_config.decay == "linear":
+        total_steps = train_config.epochs * train_config.steps_per_epoch
     schedule = TransformerSchedule(model_config.d_model, train_config.warmup_steps,
-                                   train_config.learning_rate_scale)
+                                   train_config.learning_rate_scale, total_steps)
     return FusedAdam(
         learning_rate=schedule, beta_1=train_config.adam_beta_1, beta_2=train_config.adam_beta_2,
         epsilon=train_config.adam_epsilon)

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from keras_transformer import ModelConfig, TrainConfig, TransformerSchedule, compat
 from keras_transformer import create_optimizer
+from keras_transformer.config import ConfigError
 from keras_transformer.schedules import FusedAdam
 from keras_transformer.training import make_strategy
 
@@ -26,11 +27,38 @@ def test_schedule_peaks_at_warmup_and_step_zero_is_not_wasted():
     np.testing.assert_allclose(rates[100], 2.0 * 128**-0.5 * 100**-0.5, rtol=1e-6)
 
 
+def test_linear_decay_shares_the_warmup_and_peak_then_reaches_zero_at_the_last_step():
+    paper = TransformerSchedule(d_model=128, warmup_steps=100, scale=2.0)
+    linear = TransformerSchedule(d_model=128, warmup_steps=100, scale=2.0, total_steps=300)
+    rates = np.array([float(linear(s)) for s in range(0, 400)])
+    np.testing.assert_allclose(rates[:101], [float(paper(s)) for s in range(0, 101)], rtol=1e-6)
+    peak = 2.0 * 128**-0.5 * 100**-0.5
+    np.testing.assert_allclose(rates[[100, 150, 200, 250]], [peak, 0.75 * peak, 0.5 * peak,
+                                                             0.25 * peak], rtol=1e-5)
+    assert np.all(np.diff(rates[100:301]) < 0)
+    assert np.all(rates[300:] == 0)
+    with pytest.raises(ValueError, match="total_steps=100 must exceed warmup_steps=100"):
+        TransformerSchedule(d_model=128, warmup_steps=100, total_steps=100)
+
+
+def test_train_decay_linear_sets_the_runs_length_and_needs_it():
+    optimizer = create_optimizer(ModelConfig(), TrainConfig(
+        decay="linear", epochs=3, steps_per_epoch=50, warmup_steps=20))
+    assert optimizer._learning_rate.total_steps == 150
+    assert create_optimizer(ModelConfig(), TrainConfig())._learning_rate.total_steps is None
+    with pytest.raises(ConfigError, match="set train.steps_per_epoch"):
+        TrainConfig(decay="linear")
+    with pytest.raises(ConfigError, match="= 40 steps must exceed train.warmup_steps=40"):
+        TrainConfig(decay="linear", epochs=2, steps_per_epoch=20, warmup_steps=40)
+    with pytest.raises(ConfigError, match="train.decay"):
+        TrainConfig(decay="cosine")
+
+
 @pytest.mark.parametrize("restore", ["from_config", "keras_serialization"])
 def test_schedule_round_trip_gives_the_same_rates(restore):
     """Every argument must survive the round trip: each differs from its default, and the rates
     at these steps (before, at and after the warmup) depend on all of them."""
-    schedule = TransformerSchedule(d_model=256, warmup_steps=8000, scale=0.5)
+    schedule = TransformerSchedule(d_model=256, warmup_steps=8000, scale=0.5, total_steps=60000)
     if restore == "from_config":
         restored = TransformerSchedule.from_config(schedule.get_config())
     else:
