@@ -507,6 +507,17 @@ def report(ours: dict, onmt: dict, minutes: float, manifest: dict) -> str:
 
 # ----------------------------------------------------------------------------- the driver
 
+def check_schedule(config) -> str | None:
+    """Why the two sides could not follow one learning-rate schedule, or None. The OpenNMT-tf
+    side is given the Noam schedule (ours is `train.decay: inverse_sqrt`); our linear decay
+    ends at a step count that a time-bounded run does not have."""
+    if config.train.decay != "inverse_sqrt":
+        return (f"benchmarks/opennmt.py: train.decay={config.train.decay} has no OpenNMT-tf "
+                "counterpart here; both sides follow the Noam schedule: add --set "
+                "train.decay=inverse_sqrt")
+    return None
+
+
 def check_onmt_python(python: str) -> str | None:
     """None if `python` imports opennmt; otherwise the one line that says how to get it."""
     problem = None
@@ -610,7 +621,7 @@ def main(argv=None) -> int:
         result = {"prepare": prepare, OURS: run_ours, ONMT: run_onmt}[args.stage](args)
         Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
         return 0
-    problem = check_onmt_python(args.onmt_python)
+    problem = check_schedule(our_config(args)) or check_onmt_python(args.onmt_python)
     if problem:
         print(problem, file=sys.stderr)
         return 2

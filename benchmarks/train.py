@@ -24,6 +24,11 @@ With --quality-seconds S instead, each trains a fresh model for S seconds of wal
 (`train_on_batch` from its live input pipeline, tracing included) under the same schedules, and
 the validation losses are compared at equal time: how far each recipe gets on this machine in
 the same time, which is what a user pays for.
+With --profile-steps N, each configuration then runs N more steps under the TensorFlow profiler
+and prints where a step's time goes: the kernel time of each op type, summed over the
+inter-op threads, per step, in groups (matmuls, casts, dropout's random masks, element-wise
+ops, reductions, the XLA-compiled loss, Adam, the input pipeline), against the two cores'
+capacity (wall time x 2); what no kernel holds is the executor's own overhead and idle time.
 With --seeds 1,2,3 every configuration runs once per seed (initial weights and batch order), and
 the comparison is made seed by seed, then averaged, so that a gap can be told from seed noise.
 
@@ -53,6 +58,29 @@ import tempfile
 import time
 
 REFERENCE_WARMUP_STEPS = 4000  # the tutorial's (and the paper's) warmup
+
+# --profile-steps: op types by group, first match wins; "other" takes the rest.
+OP_GROUPS = (
+    ("matmul", ("MatMul", "Einsum", "BatchMatMul", "Conv")),
+    ("cast", ("Cast",)),
+    ("dropout masks", ("StatelessRandom", "RandomUniform", "GreaterEqual", "SelectV2", "Select")),
+    ("reduction", ("Sum", "Mean", "Max", "Min", "BiasAddGrad", "Prod", "ArgMax")),
+    ("XLA (the loss)", ("_XlaRun", "XlaLaunch", "_XlaCompile", "(XLA executable)")),
+    ("Adam", ("ApplyAdam",)),
+    ("input pipeline", ("IteratorGetNext", "OptionalGetValue", "OptionalHasValue",
+                        "(tf.data threads)")),
+    ("element-wise", ("Mul", "Add", "Sub", "Div", "Square", "Sqrt", "Rsqrt", "Relu", "Neg",
+                      "Maximum", "Minimum", "Softmax", "Exp", "Log", "Tanh", "Erf", "BiasAdd",
+                      "Pow", "Less", "Greater", "Equal", "LogicalAnd", "Transpose", "Tile",
+                      "Pad", "Fill", "ZerosLike", "OnesLike", "Gather", "Scatter", "Slice",
+                      "Concat", "Pack")),
+)
+INPUT_PIPELINE = "(tf.data threads)"
+XLA_EXECUTABLE_EVENT, XLA_EXECUTABLE = "CpuExecutable::ExecuteAsyncOnStream", "(XLA executable)"
+# Op types that only call other ops (their time is their callees'), or hold no kernel.
+CONTAINER_OPS = ("PartitionedCall", "StatefulPartitionedCall", "While", "If", "StatelessIf",
+                 "StatelessWhile", "_Recv", "_Send", "NoOp", "Identity", "ReadVariableOp",
+                 "AssignVariableOp", "Const", "_Arg", "_Retval")
 
 CONFIGS = {
     "reference": dict(batching="fixed64", precision="float32", tokens_per_batch=4096),
@@ -188,6 +216,9 @@ def worker(args) -> dict:
         on_train_batch_end=lambda batch, logs: times.append(time.perf_counter()))
     model.fit(feed, epochs=1, steps_per_epoch=steps, callbacks=[callback], verbose=0)
     elapsed = times[-1] - times[args.warmup - 1]
+    if args.profile_steps:
+        result["profile"] = profile_steps(
+            model, feed.repeat().skip(args.warmup), args.profile_steps)
     result.update(
         target_tokens_per_second=real_target / elapsed,
         tokens_per_second=(real_source + real_target) / elapsed,
@@ -208,6 +239,109 @@ def worker(args) -> dict:
         result.update(quality(args, config, dataset, source_tokenizer, target_tokenizer,
                               warmup, scale))
     return result
+
+
+def op_group(op_type: str) -> str:
+    """The `OP_GROUPS` name of `op_type` (oneDNN's `_Mkl` and fused prefixes ignored)."""
+    name = op_type
+    for prefix in ("_MklNative", "_Mkl", "_Fused", "Fused", "Resource"):
+        name = name.removeprefix(prefix)
+    for group, markers in OP_GROUPS:
+        if any(marker in name for marker in markers):
+            return group
+    return "other"
+
+
+def op_times(xplane_path) -> dict:
+    """Op type -> kernel time in seconds, summed over the host's threads, from one profile
+    (`*.xplane.pb`). An op event is named "op_name:OpType"; its time excludes the ops nested
+    in it on its thread, and `CONTAINER_OPS` are left out. The ops of tf.data's own threads
+    (the input pipeline's functions) count as one type, `INPUT_PIPELINE`, and the runs of
+    XLA-compiled functions (the fused loss) as `XLA_EXECUTABLE`."""
+    from pathlib import Path
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(Path(xplane_path).read_bytes())
+    totals = {}
+    for plane in space.planes:
+        if plane.name != "/host:CPU":
+            continue
+        op_type = {}
+        for key, metadata in plane.event_metadata.items():
+            name, separator, kind = metadata.name.rpartition(":")
+            if separator and name and kind.isidentifier() and "::" not in metadata.name:
+                op_type[key] = kind
+            elif metadata.name == XLA_EXECUTABLE_EVENT:
+                op_type[key] = XLA_EXECUTABLE
+        for line in plane.lines:
+            input_pipeline = line.name.startswith("tf_data")
+            events = sorted((event.offset_ps, event.offset_ps + event.duration_ps,
+                             INPUT_PIPELINE if input_pipeline else op_type[event.metadata_id])
+                            for event in line.events if event.metadata_id in op_type)
+            open_events = []  # [end, type, nested time] of the enclosing op events
+            for start, end, kind in events:
+                while open_events and open_events[-1][0] <= start:
+                    _close(open_events, totals)
+                open_events.append([end, kind, 0, end - start])
+            while open_events:
+                _close(open_events, totals)
+    return {kind: ps / 1e12 for kind, ps in totals.items() if kind not in CONTAINER_OPS}
+
+
+def _close(open_events: list, totals: dict) -> None:
+    end, kind, nested, duration = open_events.pop()
+    totals[kind] = totals.get(kind, 0) + duration - nested
+    if open_events:
+        open_events[-1][2] += duration
+
+
+def profile_steps(model, feed, steps: int) -> dict:
+    """`steps` steps of `model.fit` on `feed` under the TensorFlow profiler: their wall time,
+    and kernel time per op type (`op_times`), both per step in milliseconds."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import tensorflow as tf
+
+    log_dir = tempfile.mkdtemp(prefix="train-profile-")
+    try:
+        tf.profiler.experimental.start(log_dir)
+        start = time.perf_counter()
+        model.fit(feed, epochs=1, steps_per_epoch=steps, verbose=0)
+        wall = time.perf_counter() - start
+        tf.profiler.experimental.stop()
+        (xplane,) = Path(log_dir).rglob("*.xplane.pb")
+        times = op_times(xplane)
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return {"steps": steps, "wall_ms": 1000 * wall / steps,
+            "op_ms": {kind: 1000 * seconds / steps for kind, seconds in times.items()}}
+
+
+def profile_lines(profile: dict, cores: int = 2, top: int = 12) -> list:
+    """What a step's time goes to: kernel time by group and by op type, per step, as shares of
+    the cores' capacity (wall time x `cores`)."""
+    capacity = profile["wall_ms"] * cores
+    groups = {}
+    for kind, ms in profile["op_ms"].items():
+        groups[op_group(kind)] = groups.get(op_group(kind), 0) + ms
+    busy = sum(groups.values())
+    groups["no kernel (executor overhead, idle)"] = capacity - busy
+
+    def share(ms):
+        return f"{ms:7.1f} ms {100 * ms / capacity:5.1f}%"
+
+    lines = [f"profile of {profile['steps']} steps: {profile['wall_ms']:.1f} ms a step, "
+             f"{capacity:.1f} ms of {cores} cores' capacity"]
+    lines += [f"  {group:36} {share(ms)}"
+              for group, ms in sorted(groups.items(), key=lambda item: -item[1])]
+    lines.append("  top op types:")
+    for kind, ms in sorted(profile["op_ms"].items(), key=lambda item: -item[1])[:top]:
+        lines.append(f"    {kind:34} {share(ms)}  ({op_group(kind)})")
+    return lines
 
 
 def token_matched_schedule(reference_warmup: int, reference_stats, stats,
@@ -288,6 +422,9 @@ def main():
                         help="how --quality-tokens/--quality-seconds scale the learning rate "
                              "with the batch's target tokens: sqrt(k) (the schedule's own), k "
                              "times, or not at all (the reference's rate at every token count)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="then profile this many steps and print where their time goes "
+                             "(0: skip)")
     parser.add_argument("--seeds", default="1",
                         help="comma-separated random seeds; every configuration runs once per "
                              "seed and each is compared with the reference seed by seed")
@@ -330,7 +467,8 @@ def main():
                            "--steps", str(args.steps), "--warmup", str(args.warmup),
                            "--quality-tokens", str(args.quality_tokens),
                            "--quality-seconds", str(args.quality_seconds),
-                           "--rate-scaling", args.rate_scaling, "--seed", str(seed)]
+                           "--rate-scaling", args.rate_scaling, "--seed", str(seed),
+                           "--profile-steps", str(args.profile_steps)]
                 command += [f"--set={override}" for override in args.set or []]
                 output = subprocess.run(command, capture_output=True, text=True,
                                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
@@ -340,6 +478,8 @@ def main():
                 result = json.loads(output.stdout.strip().splitlines()[-1])
                 results.setdefault(name, []).append(result)
                 report(result, peaks)
+                if "profile" in result:
+                    print("\n".join(profile_lines(result["profile"])))
     for name in results:
         if name != "reference" and "reference" in results:
             for line in compare(results["reference"], results[name], name):

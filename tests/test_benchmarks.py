@@ -2,6 +2,8 @@
 figures and token-matched schedule behind its equal-token quality check, `benchmarks/decode.py`'s
 helpers, and `benchmarks/export.py`'s medians."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -133,6 +135,55 @@ def test_budget_spent_by_tokens_or_by_time(bench):
     assert bench.budget_spent(1000, 10.0, max_tokens=1000, max_seconds=0)
     assert not bench.budget_spent(10**9, 59.9, max_tokens=0, max_seconds=60)
     assert bench.budget_spent(1, 60.0, max_tokens=0, max_seconds=60)
+
+
+@pytest.mark.parametrize("op_type, group", [
+    ("_MklEinsum", "matmul"), ("_MklNativeFusedMatMul", "matmul"), ("BatchMatMulV3", "matmul"),
+    ("Cast", "cast"), ("StatelessRandomUniformFullIntV2", "dropout masks"),
+    ("BiasAddGrad", "reduction"), ("BiasAdd", "element-wise"), ("ReluGrad", "element-wise"),
+    ("ResourceApplyAdam", "Adam"), ("(XLA executable)", "XLA (the loss)"),
+    ("(tf.data threads)", "input pipeline"), ("Unique", "other")])
+def test_op_groups(bench, op_type, group):
+    assert bench.op_group(op_type) == group
+
+
+def test_profile_lines_are_shares_of_the_cores_capacity(bench):
+    profile = {"steps": 4, "wall_ms": 100.0,
+               "op_ms": {"_MklMatMul": 50.0, "Einsum": 30.0, "Cast": 20.0, "Mul": 10.0}}
+    lines = bench.profile_lines(profile, cores=2, top=2)
+    assert lines[0] == "profile of 4 steps: 100.0 ms a step, 200.0 ms of 2 cores' capacity"
+    assert lines[1].split() == ["no", "kernel", "(executor", "overhead,", "idle)", "90.0", "ms",
+                                "45.0%"]
+    assert lines[2].split() == ["matmul", "80.0", "ms", "40.0%"]
+    assert [line.split()[0] for line in lines[3:]] == ["cast", "element-wise", "top",
+                                                       "_MklMatMul", "Einsum"]
+
+
+def test_op_times_reads_a_real_profile_and_leaves_out_calls(bench, tmp_path):
+    """A profiled tf.function of 20 large matmuls: their kernel time is most of the traced
+    time, under the matmul type oneDNN or Eigen gives; the function's call op is not counted."""
+    import tensorflow as tf
+
+    a = tf.random.normal([512, 512])
+
+    @tf.function
+    def run(x):
+        for _ in range(20):
+            x = tf.matmul(x, a) * 1e-3
+        return x
+
+    run(a).numpy()
+    tf.profiler.experimental.start(str(tmp_path))
+    start = time.perf_counter()
+    run(a).numpy()
+    wall = time.perf_counter() - start
+    tf.profiler.experimental.stop()
+    (xplane,) = tmp_path.rglob("*.xplane.pb")
+    times = bench.op_times(xplane)
+    matmul = sum(seconds for kind, seconds in times.items() if bench.op_group(kind) == "matmul")
+    assert 0.3 * wall < matmul <= wall
+    assert not set(times) & set(bench.CONTAINER_OPS)
+    assert {bench.op_group(kind) for kind in times} <= {"matmul", "element-wise", "other"}
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,16 @@ def test_a_python_without_opennmt_is_refused_the_same_way(bench, tmp_path, capsy
     assert err.count("\n") == 1 and "cannot import opennmt" in err and bench.VENV_COMMAND in err
 
 
+def test_a_linear_decay_is_refused_in_one_line_before_anything_runs(bench, tmp_path, capsys):
+    work = tmp_path / "work"
+    assert bench.main(["--config", str(REPO_ROOT / "experiments" / "multi30k_de_en_30min.yaml"),
+                       "--onmt-python", sys.executable, "--work-dir", str(work)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "train.decay=linear" in err and "--set train.decay=inverse_sqrt" in err
+    assert not work.exists()
+
+
 PAIRS = [("Ein Mann fährt Fahrrad.", "A man rides a bike."),
          ("Zwei Hunde spielen im Schnee.", "Two dogs play in the snow."),
          ("", "An empty source."),
