@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -247,7 +248,8 @@ def op_group(op_type: str) -> str:
     for prefix in ("_MklNative", "_Mkl", "_Fused", "Fused", "Resource"):
         name = name.removeprefix(prefix)
     for group, markers in OP_GROUPS:
-        if any(marker in name for marker in markers):
+        # A marker is a whole word of the CamelCase name: "Max" is not "Maximum"'s.
+        if any(re.search(re.escape(marker) + "(?![a-z])", name) for marker in markers):
             return group
     return "other"
 

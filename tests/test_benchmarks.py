@@ -142,7 +142,9 @@ def test_budget_spent_by_tokens_or_by_time(bench):
     ("Cast", "cast"), ("StatelessRandomUniformFullIntV2", "dropout masks"),
     ("BiasAddGrad", "reduction"), ("BiasAdd", "element-wise"), ("ReluGrad", "element-wise"),
     ("ResourceApplyAdam", "Adam"), ("(XLA executable)", "XLA (the loss)"),
-    ("(tf.data threads)", "input pipeline"), ("Unique", "other")])
+    ("(tf.data threads)", "input pipeline"), ("Unique", "other"),
+    ("Maximum", "element-wise"), ("Minimum", "element-wise"), ("Max", "reduction"),
+    ("UnsortedSegmentSum", "reduction"), ("ExpandDims", "other"), ("PaddedBatchV2", "other")])
 def test_op_groups(bench, op_type, group):
     assert bench.op_group(op_type) == group
 
