@@ -218,6 +218,9 @@ class TrainConfig:
     adam_beta_2: float = 0.98
     adam_epsilon: float = 1e-9
     label_smoothing: float = 0.1
+    # R-Drop (Liang et al., 2021): each batch runs twice, + alpha x the two passes' symmetric KL
+    # (`Transformer.compile`); 0 turns it off. A step then costs about two.
+    rdrop_alpha: float = 0.0
     accumulate_steps: int = 1  # batches summed into each optimizer update (any strategy)
     strategy: str = "auto"  # auto | mirrored | multi_worker | one_device | tpu
     precision: str = "float32"  # float32 | mixed_bfloat16 | mixed_float16 | auto (per machine)
@@ -235,6 +238,11 @@ class TrainConfig:
         if self.log_every_steps < 0:
             raise ConfigError(f"train.log_every_steps={self.log_every_steps!r} must be >= 0")
         _check_probability("train.label_smoothing", self.label_smoothing)
+        _check_at_least("train.rdrop_alpha", self.rdrop_alpha, 0)
+        if self.rdrop_alpha and self.accumulate_steps > 1:
+            raise ConfigError(f"train.rdrop_alpha={self.rdrop_alpha} runs each batch twice and "
+                              f"does not combine with train.accumulate_steps="
+                              f"{self.accumulate_steps}: use a smaller data.tokens_per_batch")
         _check_positive("train.learning_rate_scale", self.learning_rate_scale)
         _check_choice("train.decay", self.decay, ("inverse_sqrt", "linear"))
         if self.decay == "linear":

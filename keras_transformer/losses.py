@@ -1,4 +1,5 @@
-"""Masked, label-smoothed cross-entropy (section 5.4), masked token accuracy and token counts."""
+"""Masked, label-smoothed cross-entropy (section 5.4), R-Drop's consistency term, masked token
+accuracy and token counts."""
 
 import keras
 import tensorflow as tf
@@ -112,6 +113,32 @@ def _smoothed_cross_entropy_gradient(logits, labels, logsumexp, upstream, epsilo
     probs = tf.exp(tf.cast(logits, tf.float32) - logsumexp[:, None])
     target = _smoothed_target(labels, tf.shape(logits)[-1], epsilon)
     return tf.cast((probs - target) * upstream[:, None], logits.dtype)
+
+
+def symmetric_kl(logits_1, logits_2):
+    """R-Drop's consistency term (Liang et al., 2021): 1/2 (KL(P1 || P2) + KL(P2 || P1)) at every
+    position, where P1 and P2 are the softmaxes of two forward passes with different dropout.
+
+    = 1/2 sum_v (p1_v - p2_v) (log p1_v - log p2_v), one XLA fusion over the logits (and one
+    for its gradient, which reaches both passes).
+
+    Args:
+        logits_1, logits_2: float `[..., vocab]` (read as float32).
+
+    Returns:
+        float32 `[...]`, >= 0, 0 where the two distributions are equal.
+    """
+    shape = tf.shape(logits_1)
+    flat = [tf.reshape(logits, [-1, shape[-1]]) for logits in (logits_1, logits_2)]
+    return tf.reshape(_symmetric_kl(*flat), shape[:-1])
+
+
+@tf.function(jit_compile=True)
+def _symmetric_kl(logits_1, logits_2):
+    """`[n, vocab]` twice -> float32 `[n]`."""
+    log_p1 = tf.nn.log_softmax(tf.cast(logits_1, tf.float32))
+    log_p2 = tf.nn.log_softmax(tf.cast(logits_2, tf.float32))
+    return 0.5 * tf.reduce_sum((tf.exp(log_p1) - tf.exp(log_p2)) * (log_p1 - log_p2), axis=-1)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -13,7 +13,7 @@ from keras_transformer.config import ModelConfig, from_dict
 from keras_transformer.layers import Decoder, Encoder, PositionalEmbedding
 from keras_transformer.layers.attention import attention_bias
 from keras_transformer.layers.ops import Packing, value
-from keras_transformer.losses import sum_over_replicas, target_weights
+from keras_transformer.losses import sum_over_replicas, symmetric_kl, target_weights
 from keras_transformer.tokenizers import PAD_ID
 
 
@@ -47,6 +47,7 @@ class Transformer(keras.Model):
         if isinstance(config, dict):
             config = from_dict(ModelConfig, config, "model")
         self.config = config
+        self.rdrop_alpha = 0.0  # set by `compile`
         layer_args = dict(d_model=config.d_model, dropout=config.dropout, dtype=self.dtype_policy)
         stack_args = dict(layer_args, num_heads=config.num_heads, dff=config.dff,
                           norm=config.norm, activation=config.activation)
@@ -77,13 +78,23 @@ class Transformer(keras.Model):
             self.final_layer.build((*target_shape, d_model))
         self.built = True
 
-    def compile(self, *args, **kwargs):
+    def compile(self, *args, rdrop_alpha=0.0, **kwargs):
         """Keras's `compile`, then builds the model and the optimizer's variables right away.
 
         Without a distribution strategy Keras defers the optimizer's build to the first trace of
         the training step, where every slot variable is created inside the traced function:
         that made the first `fit` several times slower than the steps it traced.
+
+        Args:
+            rdrop_alpha: R-Drop's weight (Liang et al., 2021; 0 turns it off): each training
+                step runs the batch twice (one forward pass over the batch repeated, so each
+                copy gets its own dropout masks) and minimizes the mean loss of both copies +
+                alpha / 2 x the mean `symmetric_kl` between them, the paper's
+                NLL_1 + NLL_2 + alpha KL over twice the tokens. Not with grouped batches.
         """
+        if rdrop_alpha < 0:
+            raise ValueError(f"rdrop_alpha={rdrop_alpha!r} must be >= 0")
+        self.rdrop_alpha = float(rdrop_alpha)
         super().compile(*args, **kwargs)
         if not self.built:
             self.build()
@@ -123,7 +134,11 @@ class Transformer(keras.Model):
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         if len(y.shape) == 3:
+            if self.rdrop_alpha:
+                raise ValueError("R-Drop (rdrop_alpha > 0) does not run on grouped batches")
             return self._accumulated_train_step(x, y, sample_weight)
+        if self.rdrop_alpha:
+            return self._rdrop_train_step(x, y, sample_weight)
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
@@ -133,6 +148,29 @@ class Transformer(keras.Model):
         gradients = tape.gradient(loss, self.trainable_weights)
         self.optimizer.apply_gradients(zip(gradients, self.trainable_weights))
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def _rdrop_train_step(self, x, y, sample_weight):
+        """One update of R-Drop (see `compile`) on `x` = (source_ids `[batch, source_len]`,
+        target_in_ids `[batch, target_len]`), `y` = target_out_ids `[batch, target_len]`.
+        The metrics see the first copy's logits only."""
+        batch = tf.shape(y)[0]
+
+        def twice(tensor):
+            return None if tensor is None else ops.concatenate([tensor, tensor], axis=0)
+
+        weights = target_weights(y, sample_weight)
+        all_tokens = ops.maximum(sum_over_replicas(ops.sum(weights)), 1.0)
+        with tf.GradientTape() as tape:
+            logits = self(tuple(twice(ids) for ids in x), training=True)  # [2 batch, len, vocab]
+            loss = self.compute_loss(y=twice(y), y_pred=logits, sample_weight=twice(sample_weight),
+                                     training=True)
+            self._track_loss(loss, y, sample_weight)
+            consistency = ops.sum(symmetric_kl(logits[:batch], logits[batch:]) * weights)
+            loss = self.optimizer.scale_loss(loss + 0.5 * self.rdrop_alpha * consistency
+                                             / all_tokens)
+        gradients = tape.gradient(loss, self.trainable_weights)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_weights))
+        return self.compute_metrics(x, y, logits[:batch], sample_weight=sample_weight)
 
     def _accumulated_train_step(self, x, y, sample_weight):
         """One update from a group of micro-batches of equal shapes (`data.group_batches`):

@@ -182,7 +182,8 @@ def cpu_has_native_bfloat16(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> boo
 # ----------------------------------------------------------------------------- model
 
 def build_model(config: ExperimentConfig) -> Transformer:
-    """The compiled model of `config`: the paper's Adam and schedule, label-smoothed loss.
+    """The compiled model of `config`: the paper's Adam and schedule, label-smoothed loss
+    (and R-Drop's term if `train.rdrop_alpha`).
 
     Call inside `strategy.scope()` and under the run's dtype policy.
     """
@@ -192,6 +193,7 @@ def build_model(config: ExperimentConfig) -> Transformer:
         loss=MaskedLabelSmoothedCrossEntropy(label_smoothing=config.train.label_smoothing),
         metrics=[MaskedAccuracy(), TargetTokens()],
         jit_compile=config.train.jit_compile,
+        rdrop_alpha=config.train.rdrop_alpha,
     )
     return model
 

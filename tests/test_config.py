@@ -236,6 +236,10 @@ def test_ints_are_accepted_for_floats_but_bools_are_not_ints(tmp_path):
     (TrainConfig, dict(adam_epsilon=0.0), "train.adam_epsilon=0.0 must be positive"),
     (TrainConfig, dict(label_smoothing=1.0), r"train.label_smoothing=1.0 must be in \[0, 1\)"),
     (TrainConfig, dict(accumulate_steps=0), "train.accumulate_steps=0 must be positive"),
+    (TrainConfig, dict(rdrop_alpha=-1.0), "train.rdrop_alpha=-1.0 must be >= 0"),
+    (TrainConfig, dict(rdrop_alpha=5.0, accumulate_steps=2),
+     "train.rdrop_alpha=5.0 runs each batch twice and does not combine with "
+     "train.accumulate_steps=2"),
     (TrainConfig, dict(validation_bleu_sentences=-1),
      "train.validation_bleu_sentences=-1 must be >= 0"),
     (TrainConfig, dict(early_stopping_patience=0), "train.early_stopping_patience=0 must be >= 1"),

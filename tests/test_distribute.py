@@ -29,23 +29,25 @@ def batch_with_uneven_tokens():
     return (source, target[:, :-1]), target[:, 1:]
 
 
-def tiny_model(strategy, initial_weights, learning_rate, metrics=None):
-    """The tiny preset without dropout, compiled with plain SGD under `strategy`."""
+def tiny_model(strategy, initial_weights, learning_rate, metrics=None, dropout=0.0,
+               rdrop_alpha=0.0):
+    """The tiny preset (without dropout by default), compiled with plain SGD under `strategy`."""
     with strategy.scope():
         config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB,
-                                         target_vocab_size=VOCAB, dropout=0.0)
+                                         target_vocab_size=VOCAB, dropout=dropout)
         model = Transformer(config)
         model.build()
         model.set_weights(initial_weights)
         model.compile(optimizer=keras.optimizers.SGD(learning_rate=learning_rate),
                       loss=MaskedLabelSmoothedCrossEntropy(label_smoothing=0.1),
-                      metrics=metrics)
+                      metrics=metrics, rdrop_alpha=rdrop_alpha)
     return model
 
 
-def train_one_step(strategy, initial_weights, batch=None):
+def train_one_step(strategy, initial_weights, batch=None, rdrop_alpha=0.0):
     """(fit's loss, the gradient) of one step on `batch` (default `batch_with_uneven_tokens`)."""
-    model = tiny_model(strategy, initial_weights, 1.0)  # the weight change is minus the gradient
+    # The weight change is minus the gradient.
+    model = tiny_model(strategy, initial_weights, 1.0, rdrop_alpha=rdrop_alpha)
     batch = batch_with_uneven_tokens() if batch is None else batch
     if len(batch[1].shape) == 3:  # a group: built first, as `training.train` builds it
         with strategy.scope():
@@ -101,6 +103,50 @@ def test_an_accumulated_update_equals_one_update_on_the_whole_group():
         np.testing.assert_allclose(loss, whole_loss, rtol=1e-5)
         for accumulated, single in zip(grads, whole_grads):
             np.testing.assert_allclose(accumulated, single, rtol=1e-3, atol=1e-6)
+
+
+def test_rdrop_without_dropout_is_the_plain_update():
+    """Without dropout R-Drop's two copies of the batch agree: its consistency term and that
+    term's gradient are 0, and the update is the plain step's, on one device and on two
+    replicas (whose shares of the doubled batch hold different token counts)."""
+    config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB, target_vocab_size=VOCAB)
+    reference = Transformer(config)
+    reference.build()
+    weights = reference.get_weights()
+    plain_loss, plain_grads = train_one_step(tf.distribute.get_strategy(), weights)
+    assert any(np.abs(g).max() > 1e-4 for g in plain_grads)
+    for strategy in (tf.distribute.get_strategy(), make_strategy("mirrored")):
+        loss, grads = train_one_step(strategy, weights, rdrop_alpha=5.0)
+        np.testing.assert_allclose(loss, plain_loss, rtol=1e-4)
+        for rdrop, plain in zip(grads, plain_grads):
+            np.testing.assert_allclose(rdrop, plain, rtol=1e-3, atol=1e-6)
+
+
+def test_rdrop_with_dropout_trains_and_counts_each_token_once():
+    config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB, target_vocab_size=VOCAB)
+    reference = Transformer(config)
+    reference.build()
+    batch = batch_with_uneven_tokens()
+    tokens = int((batch[1] != 0).sum())
+    for strategy in (tf.distribute.get_strategy(), make_strategy("mirrored")):
+        model = tiny_model(strategy, reference.get_weights(), 0.1, metrics=[TargetTokens()],
+                           dropout=0.3, rdrop_alpha=5.0)
+        history = model.fit(tf.data.Dataset.from_tensors(batch).repeat(3), epochs=1, verbose=0)
+        assert history.history["target_tokens"] == [3 * tokens]
+        assert np.isfinite(history.history["loss"][0])
+        assert any(np.abs(w0 - w1).max() > 1e-4
+                   for w0, w1 in zip(reference.get_weights(), model.get_weights()))
+
+
+def test_rdrop_refuses_grouped_batches_and_a_negative_weight():
+    config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB, target_vocab_size=VOCAB)
+    model = Transformer(config)
+    with pytest.raises(ValueError, match=r"rdrop_alpha=-1.0 must be >= 0"):
+        model.compile(optimizer="sgd", loss=MaskedLabelSmoothedCrossEntropy(), rdrop_alpha=-1.0)
+    model.compile(optimizer="sgd", loss=MaskedLabelSmoothedCrossEntropy(), rdrop_alpha=1.0)
+    group = tf.nest.map_structure(lambda a: np.stack([a, a], axis=1), batch_with_uneven_tokens())
+    with pytest.raises(ValueError, match="R-Drop .* does not run on grouped batches"):
+        model.train_step(group)
 
 
 def test_split_cpu_is_idempotent_and_refuses_a_late_change():

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
+from keras_transformer.losses import symmetric_kl
 
 
 def example(seed=0, vocab=11):
@@ -132,3 +133,41 @@ def test_loss_config_round_trip():
     loss = MaskedLabelSmoothedCrossEntropy(label_smoothing=0.2, pad_id=3)
     clone = MaskedLabelSmoothedCrossEntropy.from_config(loss.get_config())
     assert (clone.label_smoothing, clone.pad_id) == (0.2, 3)
+
+
+def numpy_symmetric_kl(logits_1, logits_2):
+    p1, p2 = (np.exp(z) / np.exp(z).sum(-1, keepdims=True) for z in (logits_1, logits_2))
+    return 0.5 * ((p1 * np.log(p1 / p2)).sum(-1) + (p2 * np.log(p2 / p1)).sum(-1))
+
+
+def test_symmetric_kl_is_the_mean_of_both_kl_directions():
+    _, logits_1 = example(seed=2)
+    _, logits_2 = example(seed=3)
+    expected = numpy_symmetric_kl(logits_1, logits_2)
+    kl = symmetric_kl(logits_1, tf.constant(logits_2, tf.bfloat16))  # any float dtype
+    assert kl.shape == (2, 5) and kl.dtype == tf.float32
+    np.testing.assert_allclose(symmetric_kl(logits_1, logits_2), expected, rtol=1e-4)
+    np.testing.assert_allclose(symmetric_kl(logits_2, logits_1), expected, rtol=1e-4)
+    np.testing.assert_allclose(symmetric_kl(logits_1, logits_1), 0.0, atol=1e-6)
+    np.testing.assert_allclose(kl, expected, rtol=0.05)
+
+
+def test_symmetric_kl_gradient_reaches_both_passes():
+    """The gradient against central differences of the float64 reference, for both inputs."""
+    logits_1, logits_2 = (example(seed=seed)[1].astype("float64") for seed in (4, 5))
+    z1, z2 = tf.Variable(logits_1, dtype=tf.float32), tf.Variable(logits_2, dtype=tf.float32)
+    with tf.GradientTape() as tape:
+        total = tf.reduce_sum(symmetric_kl(z1, z2))
+    gradients = tape.gradient(total, [z1, z2])
+    epsilon = 1e-6
+    for index, gradient in enumerate(gradients):
+        expected = np.zeros(logits_1.shape[-1])
+        for v in range(logits_1.shape[-1]):
+            moved = []
+            for sign in (1, -1):
+                pair = [logits_1.copy(), logits_2.copy()]
+                pair[index][1, 2, v] += sign * epsilon
+                moved.append(numpy_symmetric_kl(*pair).sum())
+            expected[v] = (moved[0] - moved[1]) / (2 * epsilon)
+        assert np.abs(expected).max() > 1e-2
+        np.testing.assert_allclose(gradient[1, 2], expected, rtol=1e-3, atol=1e-5)
