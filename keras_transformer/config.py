@@ -219,7 +219,7 @@ class TrainConfig:
     adam_epsilon: float = 1e-9
     label_smoothing: float = 0.1
     # R-Drop (Liang et al., 2021): each batch runs twice, + alpha x the two passes' symmetric KL
-    # (`Transformer.compile`); 0 turns it off. A step then costs about two.
+    # (`Transformer.compile`); 0 turns it off. Steps cost more: RESULTS.md, "Time to quality".
     rdrop_alpha: float = 0.0
     accumulate_steps: int = 1  # batches summed into each optimizer update (any strategy)
     strategy: str = "auto"  # auto | mirrored | multi_worker | one_device | tpu
