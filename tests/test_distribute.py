@@ -44,10 +44,10 @@ def tiny_model(strategy, initial_weights, learning_rate, metrics=None, dropout=0
     return model
 
 
-def train_one_step(strategy, initial_weights, batch=None, rdrop_alpha=0.0):
+def train_one_step(strategy, initial_weights, batch=None, rdrop_alpha=0.0, dropout=0.0):
     """(fit's loss, the gradient) of one step on `batch` (default `batch_with_uneven_tokens`)."""
     # The weight change is minus the gradient.
-    model = tiny_model(strategy, initial_weights, 1.0, rdrop_alpha=rdrop_alpha)
+    model = tiny_model(strategy, initial_weights, 1.0, dropout=dropout, rdrop_alpha=rdrop_alpha)
     batch = batch_with_uneven_tokens() if batch is None else batch
     if len(batch[1].shape) == 3:  # a group: built first, as `training.train` builds it
         with strategy.scope():
@@ -136,6 +136,41 @@ def test_rdrop_with_dropout_trains_and_counts_each_token_once():
         assert np.isfinite(history.history["loss"][0])
         assert any(np.abs(w0 - w1).max() > 1e-4
                    for w0, w1 in zip(reference.get_weights(), model.get_weights()))
+
+
+def test_rdrop_update_under_dropout_weighs_the_kl_by_half_alpha():
+    """With dropout, one R-Drop step's update equals the gradient of the mean cross-entropy
+    over both copies + alpha / 2 x the mean `symmetric_kl` between them, computed here from
+    one forward pass over the repeated batch with the same dropout masks (the same seeds)."""
+    from keras_transformer.losses import symmetric_kl
+
+    config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB, target_vocab_size=VOCAB)
+    reference = Transformer(config)
+    reference.build()
+    weights = reference.get_weights()
+    (source, target_in), target_out = batch_with_uneven_tokens()
+    tokens = float((target_out != 0).sum())
+    alpha = 5.0
+
+    keras.utils.set_random_seed(7)
+    model = tiny_model(tf.distribute.get_strategy(), weights, 0.0, dropout=0.3)
+    twice = [tf.constant(np.concatenate([a, a])) for a in (source, target_in, target_out)]
+    with tf.GradientTape(persistent=True) as tape:
+        logits = model((twice[0], twice[1]), training=True)
+        cross_entropy = MaskedLabelSmoothedCrossEntropy(label_smoothing=0.1)(twice[2], logits)
+        consistency = tf.reduce_sum(symmetric_kl(logits[:6], logits[6:])
+                                    * tf.cast(target_out != 0, tf.float32)) / tokens
+    ce_grads, kl_grads = ([tf.convert_to_tensor(g)  # the embedding's IndexedSlices, dense
+                           for g in tape.gradient(term, model.trainable_weights)]
+                          for term in (cross_entropy, consistency))
+    assert float(consistency) > 1e-3  # the two copies' dropout masks differ
+    assert max(float(tf.reduce_max(tf.abs(g))) for g in kl_grads) > 1e-3
+
+    keras.utils.set_random_seed(7)
+    _, grads = train_one_step(tf.distribute.get_strategy(), weights, rdrop_alpha=alpha,
+                              dropout=0.3)
+    for update, ce, kl in zip(grads, ce_grads, kl_grads):
+        np.testing.assert_allclose(update, ce + 0.5 * alpha * kl, rtol=1e-3, atol=1e-5)
 
 
 def test_rdrop_refuses_grouped_batches_and_a_negative_weight():
