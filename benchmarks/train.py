@@ -93,7 +93,7 @@ CONFIGS = {
 
 # What a configuration (or --set) may name: what `worker` reads.
 SETTINGS = ("batching", "precision", "tokens_per_batch", "bucket_step", "jit_compile",
-            "intra_op_threads", "inter_op_threads", "distinct")
+            "intra_op_threads", "inter_op_threads", "distinct", "rdrop_alpha")
 
 
 def with_overrides(spec: dict, overrides: list) -> dict:
@@ -172,7 +172,8 @@ def worker(args) -> dict:
                  "tokens_per_batch": spec["tokens_per_batch"], "vocab_dir": args.vocab_dir,
                  "bucket_step": spec.get("bucket_step", 8)},
         "train": {"precision": spec["precision"], "warmup_steps": REFERENCE_WARMUP_STEPS,
-                  "jit_compile": spec.get("jit_compile", False)},
+                  "jit_compile": spec.get("jit_compile", False),
+                  "rdrop_alpha": spec.get("rdrop_alpha", 0.0)},
     })
     # Seeded before the tokenizers load: tf.random.set_seed clears the eager kernel cache and
     # with it loaded SentencePiece models (seeding later broke --quality-tokens).
@@ -435,7 +436,8 @@ def main():
     parser.add_argument("--set", action="append", metavar="KEY=VALUE",
                         help="override a setting of every configuration run, e.g. "
                              "tokens_per_batch=8192, intra_op_threads=1, jit_compile=true, "
-                             "bucket_step=16, distinct=20 (cycle the first 20 batches)")
+                             "bucket_step=16, rdrop_alpha=5 (R-Drop's step), distinct=20 "
+                             "(cycle the first 20 batches)")
     parser.add_argument("--config", help=argparse.SUPPRESS)  # worker mode
     parser.add_argument("--vocab-dir", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
@@ -557,7 +559,8 @@ def report(result: dict, peaks: dict) -> None:
     mfu16 = result["model_flops_per_second"] / peaks["bfloat16"]
     ceiling = ceilings(result, peaks)
     extras = "".join(f", {k}={result[k]}" for k in ("intra_op_threads", "inter_op_threads",
-                                                     "jit_compile", "bucket_step", "distinct")
+                                                     "jit_compile", "bucket_step", "distinct",
+                                                     "rdrop_alpha")
                      if k in result)
     line = (f"{result['config']:>9}: {result['batching']}, {result['precision']}, "
             + ("64 sentences/batch" if result["batching"] == "fixed64"

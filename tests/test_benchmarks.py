@@ -93,9 +93,10 @@ def test_compare_names_the_configuration(bench):
 
 def test_with_overrides_parses_values_and_names_bad_keys(bench):
     spec = bench.with_overrides(bench.CONFIGS["best"],
-                                ["tokens_per_batch=1728", "jit_compile=true", "precision=float32"])
+                                ["tokens_per_batch=1728", "jit_compile=true", "precision=float32",
+                                 "rdrop_alpha=5"])
     assert spec == {**bench.CONFIGS["best"], "tokens_per_batch": 1728, "jit_compile": True,
-                    "precision": "float32"}
+                    "precision": "float32", "rdrop_alpha": 5}
     assert bench.CONFIGS["best"]["tokens_per_batch"] == 4096  # not modified in place
     with pytest.raises(ValueError, match="'bucket_setp=16'"):
         bench.with_overrides(bench.CONFIGS["best"], ["bucket_setp=16"])
