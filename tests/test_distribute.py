@@ -158,7 +158,7 @@ def test_rdrop_update_under_dropout_weighs_the_kl_by_half_alpha():
     with tf.GradientTape(persistent=True) as tape:
         logits = model((twice[0], twice[1]), training=True)
         cross_entropy = MaskedLabelSmoothedCrossEntropy(label_smoothing=0.1)(twice[2], logits)
-        consistency = tf.reduce_sum(symmetric_kl(logits[:6], logits[6:])
+        consistency = tf.reduce_sum(symmetric_kl(logits[:len(source)], logits[len(source):])
                                     * tf.cast(target_out != 0, tf.float32)) / tokens
     ce_grads, kl_grads = ([tf.convert_to_tensor(g)  # the embedding's IndexedSlices, dense
                            for g in tape.gradient(term, model.trainable_weights)]
