@@ -128,17 +128,35 @@ def symmetric_kl(logits_1, logits_2):
     Returns:
         float32 `[...]`, >= 0, 0 where the two distributions are equal.
     """
-    shape = tf.shape(logits_1)
-    flat = [tf.reshape(logits, [-1, shape[-1]]) for logits in (logits_1, logits_2)]
-    return tf.reshape(_symmetric_kl(*flat), shape[:-1])
+    return symmetric_kl_of_halves(
+        tf.concat([tf.cast(logits, tf.float32) for logits in (logits_1, logits_2)], axis=0))
+
+
+def symmetric_kl_of_halves(logits):
+    """`symmetric_kl(logits[:batch], logits[batch:])` for the logits of both passes in one
+    tensor, as R-Drop's step has them.
+
+    The halves are split inside the XLA function: slicing them outside would make each
+    slice's gradient a zero-padded `[2 batch, ..., vocab]` tensor (`StridedSliceGrad`).
+
+    Args:
+        logits: float `[2 batch, ..., vocab]` (read as float32), the first pass's rows first.
+
+    Returns:
+        float32 `[batch, ...]`, >= 0.
+    """
+    shape = tf.shape(logits)
+    halves = tf.reshape(logits, [2, -1, shape[-1]])
+    return tf.reshape(_symmetric_kl_of_halves(halves),
+                      tf.concat([[shape[0] // 2], shape[1:-1]], axis=0))
 
 
 @tf.function(jit_compile=True)
-def _symmetric_kl(logits_1, logits_2):
-    """`[n, vocab]` twice -> float32 `[n]`."""
-    log_p1 = tf.nn.log_softmax(tf.cast(logits_1, tf.float32))
-    log_p2 = tf.nn.log_softmax(tf.cast(logits_2, tf.float32))
-    return 0.5 * tf.reduce_sum((tf.exp(log_p1) - tf.exp(log_p2)) * (log_p1 - log_p2), axis=-1)
+def _symmetric_kl_of_halves(halves):
+    """`[2, n, vocab]` -> float32 `[n]`."""
+    log_p = tf.nn.log_softmax(tf.cast(halves, tf.float32))
+    return 0.5 * tf.reduce_sum((tf.exp(log_p[0]) - tf.exp(log_p[1])) * (log_p[0] - log_p[1]),
+                               axis=-1)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -13,7 +13,7 @@ from keras_transformer.config import ModelConfig, from_dict
 from keras_transformer.layers import Decoder, Encoder, PositionalEmbedding
 from keras_transformer.layers.attention import attention_bias
 from keras_transformer.layers.ops import Packing, value
-from keras_transformer.losses import sum_over_replicas, symmetric_kl, target_weights
+from keras_transformer.losses import sum_over_replicas, symmetric_kl_of_halves, target_weights
 from keras_transformer.tokenizers import PAD_ID
 
 
@@ -165,7 +165,7 @@ class Transformer(keras.Model):
             loss = self.compute_loss(y=twice(y), y_pred=logits, sample_weight=twice(sample_weight),
                                      training=True)
             self._track_loss(loss, y, sample_weight)
-            consistency = ops.sum(symmetric_kl(logits[:batch], logits[batch:]) * weights)
+            consistency = ops.sum(symmetric_kl_of_halves(logits) * weights)
             loss = self.optimizer.scale_loss(loss + 0.5 * self.rdrop_alpha * consistency
                                              / all_tokens)
         gradients = tape.gradient(loss, self.trainable_weights)

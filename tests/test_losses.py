@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
-from keras_transformer.losses import symmetric_kl
+from keras_transformer.losses import symmetric_kl, symmetric_kl_of_halves
 
 
 def example(seed=0, vocab=11):
@@ -150,6 +150,17 @@ def test_symmetric_kl_is_the_mean_of_both_kl_directions():
     np.testing.assert_allclose(symmetric_kl(logits_2, logits_1), expected, rtol=1e-4)
     np.testing.assert_allclose(symmetric_kl(logits_1, logits_1), 0.0, atol=1e-6)
     np.testing.assert_allclose(kl, expected, rtol=0.05)
+
+
+def test_symmetric_kl_of_halves_pairs_row_i_with_row_batch_plus_i():
+    _, logits_1 = example(seed=2)
+    _, logits_2 = example(seed=3)
+    both = tf.constant(np.concatenate([logits_1, logits_2]), tf.bfloat16)  # [4, 5, vocab]
+    kl = symmetric_kl_of_halves(both)
+    assert kl.shape == (2, 5) and kl.dtype == tf.float32
+    np.testing.assert_allclose(kl, symmetric_kl(both[:2], both[2:]), rtol=1e-6)
+    np.testing.assert_allclose(kl, numpy_symmetric_kl(logits_1, logits_2), rtol=0.05)
+    assert not np.allclose(kl, numpy_symmetric_kl(logits_1[::-1], logits_2))
 
 
 def test_symmetric_kl_gradient_reaches_both_passes():
