@@ -2,13 +2,19 @@
 figure: time to quality, which a curve shows better than a table.
 
     python benchmarks/curves.py RUN [RUN ...] --output experiments/curves.png
-                                [--labels a,b,...] [--title TEXT]
+                                [--labels a,b,...] [--title TEXT] [--save-series DIR]
 
-Each RUN is a run folder that `keras-transformer train` wrote (runs/NAME). The script reads its
-TensorBoard logs only (nothing is loaded or decoded, and a run still training can be drawn), and
-draws two panels side by side: BLEU against training minutes, BLEU against target tokens
-(millions), one line per run with a marker per epoch. It prints a table: per run the epochs,
-minutes and target tokens of its last validation, and its best BLEU with when it came.
+Each RUN is a run folder that `keras-transformer train` wrote (runs/NAME), or a curve saved
+before with `--save-series` (a `.csv` file). The script reads a folder's TensorBoard logs only
+(nothing is loaded or decoded, and a run still training can be drawn), and draws two panels side
+by side: BLEU against training minutes, BLEU against target tokens (millions), one line per run
+with a marker per epoch. It prints a table: per run the epochs, minutes and target tokens of its
+last validation, and its best BLEU with when it came.
+
+`--save-series DIR` also writes each run's curve to `DIR/LABEL.csv` (`epoch,minutes,
+target_tokens,bleu`, a line per validation; an unknown token count is empty). Run folders stay on
+the machine that trained them; the CSV files are small enough to commit beside the figure
+(`experiments/curves/`), so that a later figure can draw runs of other machines and sessions.
 
 What it reads, as `keras_transformer.callbacks.default_callbacks` writes it:
 
@@ -57,6 +63,8 @@ TRAIN, VALIDATION = "train", "validation"
 BLEU_TAG = "epoch_bleu"  # in logs/validation
 TOKENS_TAG = "epoch_target_tokens"  # in logs/train
 EVENT_FILES = "events.out.tfevents.*"
+
+SERIES_HEADER = ("epoch", "minutes", "target_tokens", "bleu")  # --save-series's CSV columns
 
 FIGURE_INCHES = (11.0, 4.5)
 DPI = 120  # 1320 x 540 pixels
@@ -188,6 +196,51 @@ def read_curve(run_dir: str | Path) -> list[Point]:
     return points
 
 
+def read_series(path: str | Path) -> list[Point]:
+    """A curve that `write_series` saved. Raises CurveError naming the file and line of a row
+    it cannot read."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise CurveError(f"cannot read {path}: {error}") from None
+    if not lines or tuple(lines[0].split(",")) != SERIES_HEADER:
+        raise CurveError(f"{path}:1: not a saved curve: the header must be "
+                         f"{','.join(SERIES_HEADER)}")
+    points = []
+    for number, line in enumerate(lines[1:], start=2):
+        fields = line.split(",")
+        try:
+            if len(fields) != len(SERIES_HEADER):
+                raise ValueError(f"{len(fields)} fields, not {len(SERIES_HEADER)}")
+            epoch, minutes, tokens, bleu = fields
+            points.append(Point(int(epoch), float(minutes), float(tokens) if tokens else None,
+                                float(bleu)))
+        except ValueError as error:
+            raise CurveError(f"{path}:{number}: cannot read {line!r} ({error})") from None
+    if not points:
+        raise CurveError(f"{path}: no validations after the header")
+    return points
+
+
+def write_series(points: list[Point], path: Path) -> None:
+    """Writes a curve as `read_series` reads it; minutes and tokens exactly as read (repr)."""
+    rows = [",".join(SERIES_HEADER)]
+    rows += [f"{p.epoch},{p.minutes!r},{'' if p.tokens is None else repr(p.tokens)},{p.bleu!r}"
+             for p in points]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+def read_run_or_series(run: str | Path) -> list[Point]:
+    """`read_series` for a `.csv` file, `read_curve` for a run folder."""
+    return read_series(run) if Path(run).suffix == ".csv" else read_curve(run)
+
+
+def series_file_name(label: str) -> str:
+    """`LABEL.csv`, the label's characters other than letters, digits, '.' and '-' as '_'."""
+    return "".join(c if c.isalnum() or c in ".-" else "_" for c in label) + ".csv"
+
+
 # ----------------------------------------------------------------------------- output
 
 def summary_rows(curves: dict[str, list[Point]]) -> list[list[str]]:
@@ -244,12 +297,15 @@ def draw(curves: dict[str, list[Point]], output: Path, title: str | None = None)
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="curves.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="run folders (runs/NAME)")
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="run folders (runs/NAME) or curves saved by --save-series (.csv)")
     parser.add_argument("--output", required=True,
                         help="the figure to write, e.g. experiments/curves.png")
     parser.add_argument("--labels", help="comma-separated legend labels, one per RUN "
                         "(default: the folders' names)")
     parser.add_argument("--title", help="a title above the panels")
+    parser.add_argument("--save-series", metavar="DIR",
+                        help="also write each run's curve to DIR/LABEL.csv")
     return parser.parse_args(argv)
 
 
@@ -257,7 +313,8 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         labels = ([label.strip() for label in args.labels.split(",")] if args.labels
-                  else [Path(run).resolve().name for run in args.runs])
+                  else [Path(run).resolve().stem if Path(run).suffix == ".csv"
+                        else Path(run).resolve().name for run in args.runs])
         if len(labels) != len(args.runs):
             raise CurveError(f"--labels gives {len(labels)} labels for {len(args.runs)} "
                              f"run{'s' if len(args.runs) != 1 else ''}")
@@ -267,7 +324,10 @@ def main(argv=None) -> int:
         output = Path(args.output)
         if not output.parent.is_dir():
             raise CurveError(f"--output {output}: the folder {output.parent} does not exist")
-        curves = {label: read_curve(run) for label, run in zip(labels, args.runs)}
+        series_dir = Path(args.save_series) if args.save_series else None
+        if series_dir is not None and not series_dir.is_dir():
+            raise CurveError(f"--save-series {series_dir}: no such folder")
+        curves = {label: read_run_or_series(run) for label, run in zip(labels, args.runs)}
         for label, points in curves.items():
             if any(p.tokens is None for p in points):
                 print(f"curves.py: {label}: some epochs have no {TOKENS_TAG} in {LOGS}/{TRAIN}; "
@@ -277,6 +337,9 @@ def main(argv=None) -> int:
             draw(curves, output, args.title)
         except (OSError, ValueError) as error:  # a folder not writable, an unknown extension
             raise CurveError(f"cannot write {output}: {error}") from None
+        if series_dir is not None:
+            for label, points in curves.items():
+                write_series(points, series_dir / series_file_name(label))
     except CurveError as error:
         print(f"curves.py: error: {error}", file=sys.stderr)
         return 2

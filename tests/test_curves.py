@@ -165,3 +165,56 @@ def test_main_refuses_labels_that_do_not_match_the_runs(curves, resumed_run, tmp
     assert curves.main([str(resumed_run), "--output", str(tmp_path / "c.png"),
                         "--labels", "a,b"]) == 2
     assert "--labels gives 2 labels for 1 run" in capsys.readouterr().err
+
+
+def test_saved_series_draw_as_their_runs_did(curves, resumed_run, tmp_path, capsys):
+    """--save-series writes each run's curve to LABEL.csv; the CSV files given as runs give the
+    same points and the same table, with the file's name as the default label."""
+    incomplete = tmp_path / "incomplete"
+    t0 = 1_800_000_000.0
+    session(incomplete, t0, 5, train=[(t0 + 60, 0, {"epoch_loss": 5.0})],
+            validation=[(t0 + 60, 0, {"epoch_bleu": 1.0})])
+    series = tmp_path / "series"
+    series.mkdir()
+    assert curves.main([str(resumed_run), str(incomplete), "--output", str(tmp_path / "a.png"),
+                        "--labels", "old recipe/50,no tokens", "--save-series",
+                        str(series)]) == 0
+    first_table = capsys.readouterr().out.splitlines()[:3]
+    saved = sorted(p.name for p in series.iterdir())
+    assert saved == ["no_tokens.csv", "old_recipe_50.csv"]
+    assert (series / "no_tokens.csv").read_text().splitlines() == [
+        "epoch,minutes,target_tokens,bleu", "1,1.0,,1.0"]
+    assert curves.read_series(series / "old_recipe_50.csv") == curves.read_curve(resumed_run)
+    assert curves.read_series(series / "no_tokens.csv") == curves.read_curve(incomplete)
+
+    assert curves.main([str(series / "old_recipe_50.csv"), str(series / "no_tokens.csv"),
+                        "--output", str(tmp_path / "b.png"),
+                        "--labels", "old recipe/50,no tokens"]) == 0
+    assert capsys.readouterr().out.splitlines()[:3] == first_table
+    assert png_size(tmp_path / "b.png") == (11 * 120, round(4.5 * 120))
+    assert curves.main([str(series / "no_tokens.csv"), "--output", str(tmp_path / "c.png")]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[0] == "no_tokens"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("epoch,bleu\n1,2.0\n", ":1: not a saved curve: the header must be "
+                            "epoch,minutes,target_tokens,bleu"),
+    ("epoch,minutes,target_tokens,bleu\n1,0.5,100.0,3.0\n2,1.0,200.0\n",
+     ":3: cannot read '2,1.0,200.0' (3 fields, not 4)"),
+    ("epoch,minutes,target_tokens,bleu\n1,0.5,100.0,three\n", ":2: cannot read"),
+    ("epoch,minutes,target_tokens,bleu\n", ": no validations after the header"),
+])
+def test_main_refuses_a_saved_series_it_cannot_read_naming_file_and_line(curves, tmp_path,
+                                                                         capsys, text, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    assert curves.main([str(path), "--output", str(tmp_path / "c.png")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"curves.py: error: {path}") and message in error
+    assert error.count("\n") == 1 and not (tmp_path / "c.png").exists()
+
+
+def test_main_refuses_a_missing_series_folder(curves, resumed_run, tmp_path, capsys):
+    assert curves.main([str(resumed_run), "--output", str(tmp_path / "c.png"),
+                        "--save-series", str(tmp_path / "nowhere")]) == 2
+    assert "--save-series" in capsys.readouterr().err and not (tmp_path / "c.png").exists()
