@@ -1,6 +1,6 @@
 """Keras callbacks of a training run: validation BLEU with translations and attention images for
-TensorBoard, loss, learning rate and tokens per second every N steps, where training starts, and
-the run's checkpoints.
+TensorBoard, loss, learning rate and tokens per second every N steps, where training starts, the
+training clock and time budget, and the run's checkpoints.
 
 `default_callbacks` puts them in the order they must see each epoch's logs.
 """
@@ -121,6 +121,62 @@ _STEP_DESCRIPTIONS = {
 }
 
 
+class TrainingClock(keras.callbacks.Callback):
+    """Training time, and the run's time budget (`train.budget_minutes`).
+
+    Training time is wall clock from the start of `fit` (tracing, steps, validation: what the
+    user waits for), continuing from `minutes_before`, what a resumed run's checkpoint
+    recorded. Adds `training_minutes` to each epoch's logs, for the checkpoint
+    (`RunCheckpoints`) and TensorBoard (`epoch_training_minutes`).
+
+    With `budget_minutes`, stops training after the step at which the budget, less the time
+    the last epoch's end took (its validation and checkpoint, which the stopped epoch still
+    pays), is spent: `spent` is then True. Before each step it sets `budget_spent`, a timed
+    schedule's variable (`schedules.TransformerSchedule`), to the share of that time spent,
+    so that a linear decay reaches 0 at the last step.
+    """
+
+    def __init__(self, minutes_before: float = 0.0, budget_minutes: float | None = None,
+                 budget_spent: tf.Variable | None = None):
+        super().__init__()
+        self.minutes_before = minutes_before
+        self.budget_seconds = None if budget_minutes is None else 60.0 * budget_minutes
+        self.budget_spent = budget_spent
+        self.spent = False
+        self._start = self._last_step_end = None
+        self._epoch_end_seconds = 0.0  # the last epoch's validation and epoch-end callbacks
+
+    def seconds(self) -> float:
+        """Training seconds so far, sessions before this one included."""
+        return 60.0 * self.minutes_before + time.perf_counter() - self._start
+
+    def on_train_begin(self, logs=None):
+        self._start = time.perf_counter()
+        self.spent = False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._last_step_end is not None:
+            self._epoch_end_seconds = time.perf_counter() - self._last_step_end
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.budget_spent is not None:
+            self.budget_spent.assign(min(self.seconds() / self._steps_seconds(), 1.0))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._last_step_end = time.perf_counter()
+        if self.budget_seconds is not None and self.seconds() >= self._steps_seconds():
+            self.spent = True
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["training_minutes"] = self.seconds() / 60.0
+
+    def _steps_seconds(self) -> float:
+        """The part of the budget the steps may take."""
+        return max(self.budget_seconds - self._epoch_end_seconds, 1e-9)
+
+
 class ResumeLogger(keras.callbacks.Callback):
     """Logs where training starts: epoch and optimizer step (non-zero after a resume), and on
     how many replicas and in which precision (what `train.precision: auto` resolved to)."""
@@ -141,10 +197,12 @@ class ResumeLogger(keras.callbacks.Callback):
 
 
 def default_callbacks(config: ExperimentConfig, run: Run, validation_callback=None,
-                      initial_epoch: int = 0):
+                      initial_epoch: int = 0, budget_spent: tf.Variable | None = None):
     """Callbacks in the order they must see each epoch's logs: validation BLEU first, so that
-    checkpoints, early stopping and TensorBoard find `val_bleu`. `initial_epoch`: the epochs
-    the run had done before (a resumed or extended run)."""
+    checkpoints, early stopping and TensorBoard find `val_bleu`, then the training clock, so
+    that the checkpoint records the minutes after validation. `initial_epoch`: the epochs the
+    run had done before (a resumed or extended run); `budget_spent`: the timed schedule's
+    variable (`train.budget_minutes` with `train.decay: linear`)."""
     callbacks = [ResumeLogger(initial_epoch), TokensPerSecond(), keras.callbacks.TerminateOnNaN()]
     early_stopping = None
     if config.train.log_every_steps:
@@ -154,7 +212,10 @@ def default_callbacks(config: ExperimentConfig, run: Run, validation_callback=No
         if config.train.early_stopping_patience:
             early_stopping = ResumedEarlyStopping(run, config.train.early_stopping_patience,
                                                   initial_epoch)
-    callbacks.append(RunCheckpoints(run, validation_callback is not None, early_stopping))
+    clock = TrainingClock(run.training_minutes(initial_epoch), config.train.budget_minutes,
+                          budget_spent)
+    callbacks.append(clock)
+    callbacks.append(RunCheckpoints(run, validation_callback is not None, early_stopping, clock))
     if early_stopping is not None:
         callbacks.append(early_stopping)
     callbacks.append(keras.callbacks.TensorBoard(str(run.logs_dir), update_freq="epoch"))
@@ -166,12 +227,14 @@ class RunCheckpoints(keras.callbacks.Callback):
     `last`, `best` (by `val_bleu` when `track_best`) and `state.json`, each written to a
     temporary name and renamed, so a kill never leaves half a file (Keras's ModelCheckpoint and
     BackupAndRestore write in place). An epoch whose loss is not finite (TerminateOnNaN stopped
-    it) is not recorded: its weights would replace good ones. After early stopping the run is
-    marked finished."""
+    it) is not recorded: its weights would replace good ones. Each checkpoint records the
+    training minutes (`TrainingClock`'s `training_minutes` in the logs). After early stopping,
+    or once the time budget is spent (`clock.spent`), the run is marked finished."""
 
-    def __init__(self, run: Run, track_best: bool, early_stopping=None):
+    def __init__(self, run: Run, track_best: bool, early_stopping=None, clock=None):
         super().__init__()
         self.run, self.track_best, self.early_stopping = run, track_best, early_stopping
+        self.clock = clock
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
@@ -180,11 +243,14 @@ class RunCheckpoints(keras.callbacks.Callback):
                            logs.get("loss"))
             return
         self.run.save_epoch(self.model, epoch + 1,
-                            logs.get("val_bleu") if self.track_best else None)
+                            logs.get("val_bleu") if self.track_best else None,
+                            training_minutes=logs.get("training_minutes"))
 
     def on_train_end(self, logs=None):
         if self.early_stopping is not None and self.early_stopping.stopped_epoch:
             self.run.mark_stopped_early()
+        elif self.clock is not None and self.clock.spent:
+            self.run.mark_budget_spent()
 
 
 class ResumedEarlyStopping(keras.callbacks.EarlyStopping):

@@ -209,10 +209,17 @@ class TrainConfig:
 
     epochs: int = 10
     steps_per_epoch: Optional[int] = None  # None: one pass over the training data
-    warmup_steps: int = 4000
+    # Minutes of training (wall clock from the start of fit, validation included, a resumed
+    # run's sessions summed) after which the run stops and is finished, mid-epoch if need be
+    # (that epoch is validated and saved like the others); epochs stays an upper bound. With
+    # decay "linear" the rate reaches 0 at the budget's end, on any machine. Not with several
+    # workers (their clocks differ). None: no budget
+    budget_minutes: Optional[float] = None
+    warmup_steps: int = 4000  # steps of the rate's linear rise to its peak (equation 3)
     learning_rate_scale: float = 1.0  # multiplies the paper's schedule
     # After the warmup: "inverse_sqrt" (the paper's equation 3) | "linear" (from the same peak
-    # to 0 at the last step, epochs x steps_per_epoch; needs steps_per_epoch)
+    # to 0 at the last step, epochs x steps_per_epoch, which needs steps_per_epoch; with
+    # budget_minutes, to 0 at the budget's end)
     decay: str = "inverse_sqrt"
     adam_beta_1: float = 0.9
     adam_beta_2: float = 0.98
@@ -245,7 +252,11 @@ class TrainConfig:
                               f"{self.accumulate_steps}: use a smaller data.tokens_per_batch")
         _check_positive("train.learning_rate_scale", self.learning_rate_scale)
         _check_choice("train.decay", self.decay, ("inverse_sqrt", "linear"))
-        if self.decay == "linear":
+        if self.budget_minutes is not None and not (
+                self.budget_minutes > 0 and math.isfinite(self.budget_minutes)):
+            raise ConfigError(f"train.budget_minutes={self.budget_minutes!r} must be a positive "
+                              f"number of minutes (or null for no budget)")
+        if self.decay == "linear" and self.budget_minutes is None:
             if self.steps_per_epoch is None:
                 raise ConfigError("train.decay=linear decays to 0 at the last step: set "
                                   "train.steps_per_epoch so that the run's length is known")

@@ -11,9 +11,11 @@ The folder, as `training.train` writes it:
     runs/NAME/config.yaml              the resolved config
     runs/NAME/vocab/                   tokenizer files (unless data.vocab_dir points elsewhere)
     runs/NAME/checkpoints/epoch_NNN.weights.h5   weights after every epoch (for averaging and
-                                       resuming: with the optimizer state and dropout's seeds)
+                                       resuming: with the optimizer state, dropout's seeds and
+                                       the training minutes so far)
     runs/NAME/last.weights.h5, best.weights.h5   last epoch, best epoch by validation BLEU
-    runs/NAME/state.json               epochs done, optimizer step, best epoch, early stop
+    runs/NAME/state.json               epochs done, optimizer step, best epoch, early stop,
+                                       time budget spent
     runs/NAME/logs/{train,validation}  TensorBoard event files (and train_steps: every N steps)
 
 Every file but the TensorBoard logs is written to a temporary name (`.partial-PID-NAME`) and
@@ -53,6 +55,7 @@ PARTIAL_PREFIX = ".partial-"
 # HDF5 attributes of the weight files this package writes.
 MODEL_CONFIG_ATTR = "keras_transformer.model_config"
 RANDOM_STATES_ATTR = "keras_transformer.random_states"
+TRAINING_MINUTES_ATTR = "keras_transformer.training_minutes"  # epoch checkpoints
 # What `--overwrite` deletes: everything `training.train` writes, and nothing else (backup/:
 # Keras's BackupAndRestore folder, which runs made before state.json may hold).
 RUN_ENTRIES = (CONFIG_FILE, STATE_FILE, "vocab", CHECKPOINT_DIR, "last.weights.h5",
@@ -214,7 +217,8 @@ class Run:
 
     def state(self) -> dict | None:
         """What `save_epoch` last recorded (None before the first epoch ends): `epoch` (epochs
-        done), `optimizer_step`, `best` ({"epoch", "val_bleu"} or None), `stopped_early`."""
+        done), `optimizer_step`, `best` ({"epoch", "val_bleu"} or None), `stopped_early`,
+        `budget_spent` (`train.budget_minutes`; absent in runs written before it)."""
         if not self.state_path.is_file():
             return None
         try:
@@ -247,22 +251,29 @@ class Run:
     def finished(self, config: ExperimentConfig) -> str | None:
         """Why the run needs no more training with `config`, or None if it does."""
         done = self.epochs_done()
-        if (self.state() or {}).get("stopped_early"):
+        state = self.state() or {}
+        if state.get("stopped_early"):
             return (f"{self.path} is finished: early stopping ended it after epoch {done} "
                     f"(train.early_stopping_patience); --overwrite trains it anew")
+        if state.get("budget_spent"):
+            return (f"{self.path} is finished: its time budget (train.budget_minutes="
+                    f"{config.train.budget_minutes:g}) was spent in epoch {done}; --overwrite "
+                    f"trains it anew")
         if done and done >= config.train.epochs:
             return (f"{self.path} is finished: {done} epochs done, "
                     f"train.epochs={config.train.epochs}; raise train.epochs (--set "
                     "train.epochs=N) to extend it, or --overwrite to train it anew")
         return None
 
-    def save_epoch(self, model, epoch: int, val_bleu: float | None = None) -> None:
-        """Records a finished epoch: its checkpoint (weights, optimizer state, dropout's seeds),
-        `last`, `best` if `val_bleu` beats the best so far, then `state.json`, each written
-        whole or not at all, in that order (so the state never names a missing file)."""
+    def save_epoch(self, model, epoch: int, val_bleu: float | None = None, *,
+                   training_minutes: float | None = None) -> None:
+        """Records a finished epoch: its checkpoint (weights, optimizer state, dropout's seeds,
+        and the training minutes so far if given), `last`, `best` if `val_bleu` beats the best
+        so far, then `state.json`, each written whole or not at all, in that order (so the
+        state never names a missing file)."""
         checkpoint = self.checkpoint_file(epoch)
         checkpoint.parent.mkdir(exist_ok=True)
-        save_weights(model, checkpoint)
+        save_weights(model, checkpoint, training_minutes=training_minutes)
         copy_file(checkpoint, self.weights_file("last"))
         state = self.state() or {}
         best = state.get("best")
@@ -279,6 +290,25 @@ class Run:
         state = self.state()
         if state is not None:
             self._write_state({**state, "stopped_early": True})
+
+    def mark_budget_spent(self) -> None:
+        """Records that the time budget ended the run: it is finished."""
+        state = self.state()
+        if state is not None:
+            self._write_state({**state, "budget_spent": True})
+
+    def training_minutes(self, epoch: int) -> float:
+        """The training minutes that epoch `epoch`'s checkpoint recorded; 0 for epoch 0, and for
+        a checkpoint written without them (before `train.budget_minutes` existed)."""
+        if not epoch:
+            return 0.0
+        try:
+            with h5py.File(self.checkpoint_file(epoch), "r") as f:
+                minutes = f.attrs.get(TRAINING_MINUTES_ATTR)
+        except (OSError, RuntimeError) as error:
+            raise DamagedWeightsError(f"{self.checkpoint_file(epoch)} is damaged "
+                                      f"({first_line(error)})") from None
+        return 0.0 if minutes is None else float(minutes)
 
     def _write_state(self, state: dict) -> None:
         with atomic_path(self.state_path) as partial:
@@ -304,7 +334,7 @@ class Run:
                                path, ", ".join(damaged))
             epoch = _epoch_of(path)
             if epoch > self.epochs_done():
-                self.save_epoch(model, epoch)
+                self.save_epoch(model, epoch, training_minutes=self.training_minutes(epoch))
             return epoch
         if checkpoints:
             raise ConfigError(f"no checkpoint in {self.checkpoint_dir} loads; add --overwrite "
@@ -401,9 +431,11 @@ def check_weights_output(path: Path) -> None:
     check_writable_folder(path.parent, f"the folder of {path}:")
 
 
-def save_weights(model: Transformer, path: str | os.PathLike) -> Path:
+def save_weights(model: Transformer, path: str | os.PathLike, *,
+                 training_minutes: float | None = None) -> Path:
     """`model.save_weights(path)` (with the optimizer's state if it is compiled) written through
-    a temporary file, with the model config and dropout's seed states as HDF5 attributes."""
+    a temporary file, with the model config, dropout's seed states and `training_minutes` (if
+    given) as HDF5 attributes."""
     path = Path(path)
     with atomic_path(path) as partial:
         model.save_weights(partial)
@@ -411,6 +443,8 @@ def save_weights(model: Transformer, path: str | os.PathLike) -> Path:
             f.attrs[MODEL_CONFIG_ATTR] = json.dumps(dataclasses.asdict(model.config))
             f.attrs[RANDOM_STATES_ATTR] = json.dumps(
                 [state.numpy().tolist() for state in random_states(model)])
+            if training_minutes is not None:
+                f.attrs[TRAINING_MINUTES_ATTR] = float(training_minutes)
     return path
 
 

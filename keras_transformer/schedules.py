@@ -23,21 +23,37 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
     to 0 at step `total_steps` (and stays 0 after it): a run whose length is fixed in advance
     spends its last steps at small rates, where the paper's schedule is still at
     sqrt(warmup_steps / step) of its peak (`train.decay: linear`).
+
+    `timed` is that linear decay over a training-time budget instead of steps
+    (`train.budget_minutes`): the rate is the peak times the share of the budget left, or the
+    warmup's rate if lower. The share spent is `budget_spent`, a float32 variable in [0, 1]
+    that `callbacks.TrainingClock` sets before each step (0 until then), so that the rate
+    reaches 0 when the budget ends, whatever the machine's speed.
     """
 
-    def __init__(self, d_model, warmup_steps=4000, scale=1.0, total_steps=None):
+    def __init__(self, d_model, warmup_steps=4000, scale=1.0, total_steps=None, timed=False):
         if total_steps is not None and total_steps <= warmup_steps:
             raise ValueError(f"total_steps={total_steps} must exceed "
                              f"warmup_steps={warmup_steps}")
+        if timed and total_steps is not None:
+            raise ValueError("a schedule decays over total_steps or over time (timed), not both")
         self.d_model = d_model
         self.warmup_steps = warmup_steps
         self.scale = scale
         self.total_steps = total_steps
+        self.timed = timed
+        # Not a weight: created where the schedule is (under the strategy's scope, so that
+        # every replica reads the value the callback assigns), and not checkpointed.
+        self.budget_spent = (tf.Variable(0.0, trainable=False, dtype=tf.float32,
+                                         name="budget_spent") if timed else None)
 
     def __call__(self, step):
         step = ops.maximum(ops.cast(step, "float32"), 1.0)
         warmup = float(self.warmup_steps)
-        if self.total_steps is None:
+        if self.timed:
+            spent = ops.clip(ops.convert_to_tensor(self.budget_spent), 0.0, 1.0)
+            decay = warmup**-0.5 * (1.0 - spent)
+        elif self.total_steps is None:
             decay = ops.rsqrt(step)
         else:
             total = float(self.total_steps)
@@ -46,7 +62,7 @@ class TransformerSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale,
-                "total_steps": self.total_steps}
+                "total_steps": self.total_steps, "timed": self.timed}
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -73,19 +89,30 @@ class FusedAdam(keras.optimizers.Adam):
             grad=ops.cast(gradient, dtype))
 
 
-def create_optimizer(model_config: ModelConfig, train_config: TrainConfig) -> keras.Optimizer:
-    """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on the paper's schedule, by default; with
-    `train.decay: linear` the rate falls to 0 at the run's last step (`train.epochs` x
-    `train.steps_per_epoch`).
+def create_schedule(model_config: ModelConfig, train_config: TrainConfig) -> TransformerSchedule:
+    """The paper's schedule, by default; with `train.decay: linear` the rate falls to 0 at the
+    run's last step (`train.epochs` x `train.steps_per_epoch`), or with `train.budget_minutes`
+    at the budget's end (a `timed` schedule: create it under the strategy's scope)."""
+    total_steps, timed = None, False
+    if train_config.decay == "linear":
+        if train_config.budget_minutes is None:
+            total_steps = train_config.epochs * train_config.steps_per_epoch
+        else:
+            timed = True
+    return TransformerSchedule(model_config.d_model, train_config.warmup_steps,
+                               train_config.learning_rate_scale, total_steps, timed)
+
+
+def create_optimizer(model_config: ModelConfig, train_config: TrainConfig,
+                     schedule: TransformerSchedule | None = None) -> keras.Optimizer:
+    """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on `schedule` (default:
+    `create_schedule`'s).
 
     Gradient accumulation (`train.accumulate_steps`) is not the optimizer's: the model's
     `train_step` sums a group's gradients and applies them once.
     """
-    total_steps = None
-    if train_config.decay == "linear":
-        total_steps = train_config.epochs * train_config.steps_per_epoch
-    schedule = TransformerSchedule(model_config.d_model, train_config.warmup_steps,
-                                   train_config.learning_rate_scale, total_steps)
+    if schedule is None:
+        schedule = create_schedule(model_config, train_config)
     return FusedAdam(
         learning_rate=schedule, beta_1=train_config.adam_beta_1, beta_2=train_config.adam_beta_2,
         epsilon=train_config.adam_epsilon)

@@ -24,7 +24,7 @@ from keras_transformer.config import ConfigError, ExperimentConfig
 from keras_transformer.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy, TargetTokens
 from keras_transformer.model import Transformer
 from keras_transformer.runs import Run, prepare_tokenizers, with_vocab_sizes
-from keras_transformer.schedules import create_optimizer
+from keras_transformer.schedules import TransformerSchedule, create_optimizer, create_schedule
 from keras_transformer.tokenizers import META_FILE, training_tokenizers
 
 logger = logging.getLogger(__name__)
@@ -181,15 +181,17 @@ def cpu_has_native_bfloat16(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> boo
 
 # ----------------------------------------------------------------------------- model
 
-def build_model(config: ExperimentConfig) -> Transformer:
-    """The compiled model of `config`: the paper's Adam and schedule, label-smoothed loss
-    (and R-Drop's term if `train.rdrop_alpha`).
+def build_model(config: ExperimentConfig,
+                schedule: TransformerSchedule | None = None) -> Transformer:
+    """The compiled model of `config`: the paper's Adam on `schedule` (default:
+    `schedules.create_schedule`'s), label-smoothed loss (and R-Drop's term if
+    `train.rdrop_alpha`).
 
     Call inside `strategy.scope()` and under the run's dtype policy.
     """
     model = Transformer(config.model)
     model.compile(  # builds the model and the optimizer
-        optimizer=create_optimizer(config.model, config.train),
+        optimizer=create_optimizer(config.model, config.train, schedule),
         loss=MaskedLabelSmoothedCrossEntropy(label_smoothing=config.train.label_smoothing),
         metrics=[MaskedAccuracy(), TargetTokens()],
         jit_compile=config.train.jit_compile,
@@ -334,6 +336,11 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     try:
         keras.utils.set_random_seed(config.train.seed)
         strategy = make_strategy(config.train.strategy)
+        if (config.train.budget_minutes is not None
+                and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)):
+            raise ConfigError(f"train.budget_minutes={config.train.budget_minutes:g} follows "
+                              "one machine's clock, and the workers' clocks differ: train "
+                              "several workers for a number of train.epochs instead")
         replicas = strategy.num_replicas_in_sync
         check_shared_vocabulary(config, worker_shard(strategy)[1])
         source_tokenizer, target_tokenizer = prepare_tokenizers(config, run)
@@ -367,7 +374,8 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     keras.config.set_dtype_policy(precision)
     try:
         with strategy.scope():
-            model = build_model(config)
+            schedule = create_schedule(config.model, config.train)
+            model = build_model(config, schedule)
             build_compiled_state(model, validation_batches)
             compat.skip_symbolic_build(model)
             if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
@@ -387,7 +395,8 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
             epochs=config.train.epochs,
             steps_per_epoch=steps,
             shuffle=False,  # the stream shuffles; Keras would only warn that it cannot
-            callbacks=default_callbacks(config, run, validation_callback, initial_epoch),
+            callbacks=default_callbacks(config, run, validation_callback, initial_epoch,
+                                        schedule.budget_spent),
             verbose=verbose,
         )
     finally:

@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import callbacks
-from keras_transformer.callbacks import StepSummaries, attention_figure, figure_to_image
+from keras_transformer.callbacks import (StepSummaries, TrainingClock, attention_figure,
+                                         figure_to_image)
 from keras_transformer.config import ConfigError, ExperimentConfig, TrainConfig
 from keras_transformer.runs import Run
 
@@ -89,6 +90,54 @@ def test_step_summaries_write_once_per_optimizer_step(tmp_path, monkeypatch):
     scalars = read_scalars(tmp_path)
     assert list(scalars["step_loss"]) == [6]
     assert scalars["step_loss"][6] == pytest.approx(1.5)  # the 4 batches since the epoch began
+
+
+def test_training_clock_counts_on_from_the_checkpoint_and_stops_within_the_budget(monkeypatch):
+    """One minute before this session, a 3-minute budget: the steps may run while the time
+    spent plus the last epoch's end (its validation, 10 s here) is within the budget."""
+    now = [1000.0]
+    monkeypatch.setattr(callbacks.time, "perf_counter", lambda: now[0])
+    spent = tf.Variable(-1.0)
+    clock = TrainingClock(minutes_before=1.0, budget_minutes=3.0, budget_spent=spent)
+    model = types.SimpleNamespace(stop_training=False)
+    clock.set_model(model)
+
+    def step(begin, end):
+        now[0] = begin
+        clock.on_train_batch_begin(0)
+        share = float(spent.numpy())
+        now[0] = end
+        clock.on_train_batch_end(0)
+        return share
+
+    clock.on_train_begin()
+    clock.on_epoch_begin(0)
+    assert step(1030.0, 1030.0) == pytest.approx(90 / 180)  # no epoch has ended: no reserve
+    now[0], logs = 1040.0, {}  # the epoch's validation: 10 s
+    clock.on_epoch_end(0, logs)
+    assert logs == {"training_minutes": pytest.approx(100 / 60)}
+    clock.on_epoch_begin(1)
+    assert step(1090.0, 1109.0) == pytest.approx(150 / 170)  # 180 s less the 10 s reserve
+    assert not (model.stop_training or clock.spent)
+    assert step(1109.5, 1110.0) == pytest.approx(169.5 / 170)
+    assert model.stop_training and clock.spent
+    assert clock.seconds() == pytest.approx(170.0)
+
+
+def test_training_clock_without_a_budget_only_counts(monkeypatch):
+    now = [50.0]
+    monkeypatch.setattr(callbacks.time, "perf_counter", lambda: now[0])
+    clock = TrainingClock()
+    model = types.SimpleNamespace(stop_training=False)
+    clock.set_model(model)
+    clock.on_train_begin()
+    now[0] = 1e6
+    clock.on_train_batch_begin(0)
+    clock.on_train_batch_end(0)
+    assert not (model.stop_training or clock.spent)
+    logs = {}
+    clock.on_epoch_end(0, logs)
+    assert logs == {"training_minutes": pytest.approx((1e6 - 50.0) / 60)}
 
 
 def test_log_every_steps_is_checked_and_zero_turns_step_summaries_off(tmp_path):

@@ -8,7 +8,7 @@ import tensorflow as tf
 from keras_transformer import ModelConfig, TrainConfig, TransformerSchedule, compat
 from keras_transformer import create_optimizer
 from keras_transformer.config import ConfigError
-from keras_transformer.schedules import FusedAdam
+from keras_transformer.schedules import FusedAdam, create_schedule
 from keras_transformer.training import make_strategy
 
 
@@ -54,6 +54,56 @@ def test_train_decay_linear_sets_the_runs_length_and_needs_it():
         TrainConfig(decay="cosine")
 
 
+def test_a_timed_linear_decay_falls_from_the_same_peak_with_the_budget_spent():
+    paper = TransformerSchedule(d_model=128, warmup_steps=100, scale=2.0)
+    timed = TransformerSchedule(d_model=128, warmup_steps=100, scale=2.0, timed=True)
+    peak = 2.0 * 128**-0.5 * 100**-0.5
+
+    def rates(*steps):
+        return np.array([float(timed(step)) for step in steps])
+
+    # Nothing spent: the paper's warmup, then the peak held.
+    np.testing.assert_allclose(rates(*range(101)), [float(paper(s)) for s in range(101)],
+                               rtol=1e-6)
+    np.testing.assert_allclose(rates(150, 10_000), [peak, peak], rtol=1e-6)
+    # A quarter spent: 3/4 of the peak, or the warmup's rate where that is lower.
+    timed.budget_spent.assign(0.25)
+    np.testing.assert_allclose(rates(10, 90, 150, 10_000),
+                               [float(paper(10)), 0.75 * peak, 0.75 * peak, 0.75 * peak],
+                               rtol=1e-6)
+    timed.budget_spent.assign(1.0)
+    assert list(rates(50, 150)) == [0.0, 0.0]
+    timed.budget_spent.assign(1.5)  # past the budget (its last step): still 0, not negative
+    assert list(rates(150)) == [0.0]
+    with pytest.raises(ValueError, match="not both"):
+        TransformerSchedule(d_model=128, warmup_steps=100, total_steps=300, timed=True)
+
+
+def test_a_timed_schedule_gives_every_replica_the_share_assigned_outside_them():
+    """What `callbacks.TrainingClock` does before each step: one assignment from Python, read
+    by the optimizer's update on each replica."""
+    strategy = make_strategy("mirrored")
+    with strategy.scope():
+        schedule = TransformerSchedule(d_model=128, warmup_steps=10, timed=True)
+    schedule.budget_spent.assign(0.4)
+    per_replica = strategy.run(tf.function(lambda: schedule(tf.constant(50))))
+    rates = [float(rate) for rate in strategy.experimental_local_results(per_replica)]
+    assert len(rates) == 2
+    np.testing.assert_allclose(rates, [0.6 * 128**-0.5 * 10**-0.5] * 2, rtol=1e-6)
+
+
+def test_train_budget_minutes_makes_the_linear_decay_timed():
+    timed = create_schedule(ModelConfig(), TrainConfig(decay="linear", budget_minutes=30))
+    assert timed.timed and timed.total_steps is None  # no steps_per_epoch needed
+    assert create_optimizer(ModelConfig(), TrainConfig(), timed)._learning_rate is timed
+    # The paper's decay: the budget only stops the run.
+    paper = create_schedule(ModelConfig(), TrainConfig(budget_minutes=30))
+    assert not paper.timed and paper.budget_spent is None and paper.total_steps is None
+    for bad in (0, -2.5, float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match="train.budget_minutes=.* must be a positive"):
+            TrainConfig(budget_minutes=bad)
+
+
 @pytest.mark.parametrize("restore", ["from_config", "keras_serialization"])
 def test_schedule_round_trip_gives_the_same_rates(restore):
     """Every argument must survive the round trip: each differs from its default, and the rates
@@ -71,6 +121,9 @@ def test_schedule_round_trip_gives_the_same_rates(restore):
     # The steps are discriminating: the default schedule gives other rates at every one of them.
     default = TransformerSchedule(d_model=256)
     assert all(float(default(step)) != rate for step, rate in zip(steps, expected))
+    timed = TransformerSchedule.from_config(
+        TransformerSchedule(d_model=256, warmup_steps=8000, timed=True).get_config())
+    assert timed.timed and timed.budget_spent is not None and timed.total_steps is None
 
 
 def test_optimizer_is_the_papers_adam():

@@ -323,6 +323,45 @@ def test_cli_average_writes_the_mean(mirrored_run, tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- finish
 
+def test_a_spent_time_budget_stops_the_run_mid_epoch_saves_that_epoch_and_finishes_it(
+        tiny_experiment, tmp_path, capsys):
+    """A budget that the first step outlasts: the epoch stops after it, is validated and saved
+    with its training minutes, and the run is finished; a resumed clock would start there."""
+    from keras_transformer import callbacks
+
+    config = tiny_experiment(epochs=5, steps_per_epoch=3, strategy="one_device",
+                             decay="linear", budget_minutes=0.001)
+    run_dir = tmp_path / "run"
+    history = training.train(config, run_dir, verbose=0)
+    assert history.epoch == [0] and np.isfinite(history.history["val_bleu"][0])
+    run = Run(run_dir)
+    state = run.state()
+    assert (state["epoch"], state["optimizer_step"], state["budget_spent"]) == (1, 1, True)
+    minutes = run.training_minutes(1)
+    assert minutes > 0.001 and history.history["training_minutes"] == [minutes]
+    assert float(read_events(run_dir / "logs" / "train")["epoch_training_minutes"][0]) == (
+        pytest.approx(minutes))
+    [clock] = [c for c in callbacks.default_callbacks(run.config, run, initial_epoch=1)
+               if isinstance(c, callbacks.TrainingClock)]
+    assert clock.minutes_before == minutes
+    capsys.readouterr()
+    before = snapshot(run_dir)
+    assert training.train(config, run_dir, verbose=0) is None
+    assert (f"{run_dir} is finished: its time budget (train.budget_minutes=0.001) was spent in "
+            f"epoch 1") in capsys.readouterr().out
+    assert snapshot(run_dir) == before
+
+
+def test_a_time_budget_is_refused_with_several_workers(tiny_experiment, tmp_path, monkeypatch):
+    from unittest import mock
+
+    workers = mock.create_autospec(tf.distribute.MultiWorkerMirroredStrategy, instance=True)
+    monkeypatch.setattr(training, "make_strategy", lambda name: workers)
+    with pytest.raises(ConfigError, match=r"train.budget_minutes=30 follows one machine's clock"):
+        training.train(tiny_experiment(budget_minutes=30), tmp_path / "run", verbose=0)
+    assert not (tmp_path / "run").exists()
+
+
 def test_rerunning_a_finished_run_says_so_and_touches_no_file(mirrored_run, tiny_experiment,
                                                               tmp_path, capsys):
     from keras_transformer import cli
