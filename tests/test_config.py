@@ -36,13 +36,15 @@ def test_every_experiment_file_loads_and_is_named_after_itself(path):
 
 # Values that differ between the three Multi30k experiments (each file's own) and values that
 # all three take from experiments/base/multi30k.yaml.
+PAPER_DECAY = dict(budget_minutes=None, decay="inverse_sqrt", dropout=0.3, beam_size=6)
 MULTI30K_OWN = {
-    "multi30k_de_en": dict(source_lang="de", target_lang="en", epochs=70, sp_nbest_size=0,
-                           sp_alpha=0.1),
+    "multi30k_de_en": dict(source_lang="de", target_lang="en", epochs=200, sp_nbest_size=0,
+                           sp_alpha=0.1, budget_minutes=118, decay="linear", dropout=0.25,
+                           beam_size=4),
     "multi30k_en_de": dict(source_lang="en", target_lang="de", epochs=75, sp_nbest_size=-1,
-                           sp_alpha=0.5),
+                           sp_alpha=0.5, **PAPER_DECAY),
     "multi30k_en_fr": dict(source_lang="en", target_lang="fr", epochs=50, sp_nbest_size=0,
-                           sp_alpha=0.1),
+                           sp_alpha=0.1, **PAPER_DECAY),
 }
 
 
@@ -55,14 +57,16 @@ def test_multi30k_experiments_extend_the_shared_base(name):
     assert config.name == name
     assert (config.data.source_lang, config.data.target_lang) == (own["source_lang"],
                                                                   own["target_lang"])
-    assert config.train.epochs == own["epochs"]
+    assert (config.train.epochs, config.train.budget_minutes, config.train.decay) == (
+        own["epochs"], own["budget_minutes"], own["decay"])
     assert (config.data.sp_nbest_size, config.data.sp_alpha) == (own["sp_nbest_size"],
                                                                  own["sp_alpha"])
-    assert (config.decode.beam_size, config.decode.alpha) == (6, 1.4)
+    assert (config.decode.beam_size, config.decode.alpha) == (own["beam_size"], 1.4)
+    assert config.model.dropout == own["dropout"]
     # From the base (and the tutorial preset it names), the same in all three.
     model = config.model
     assert (model.num_layers, model.d_model, model.dff, model.num_heads) == (4, 128, 512, 8)
-    assert (model.norm, model.share_embeddings, model.dropout) == ("pre", "all", 0.3)
+    assert (model.norm, model.share_embeddings) == ("pre", "all")
     data = config.data
     assert (data.dataset, data.tokenizer, data.vocab_size) == ("multi30k", "sentencepiece", 8000)
     assert (data.max_pair_length, data.tokens_per_batch) == (128, 4096)
