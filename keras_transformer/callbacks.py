@@ -129,11 +129,13 @@ class TrainingClock(keras.callbacks.Callback):
     recorded. Adds `training_minutes` to each epoch's logs, for the checkpoint
     (`RunCheckpoints`) and TensorBoard (`epoch_training_minutes`).
 
-    With `budget_minutes`, stops training after the step at which the budget, less the time
-    the last epoch's end took (its validation and checkpoint, which the stopped epoch still
-    pays), is spent: `spent` is then True. Before each step it sets `budget_spent`, a timed
-    schedule's variable (`schedules.TransformerSchedule`), to the share of that time spent,
-    so that a linear decay reaches 0 at the last step.
+    With `budget_minutes`, stops training after the last step that leaves time for one more
+    like it and for an epoch's end (its validation and checkpoint, which the stopped epoch
+    still pays: as long as the last one; the first, which traces the validation, is longer):
+    `spent` is then True. Before each step it sets
+    `budget_spent`, a timed schedule's variable (`schedules.TransformerSchedule`), to the
+    share spent of the time the steps may take, so that a linear decay reaches 0 at the last
+    step.
     """
 
     def __init__(self, minutes_before: float = 0.0, budget_minutes: float | None = None,
@@ -143,7 +145,8 @@ class TrainingClock(keras.callbacks.Callback):
         self.budget_seconds = None if budget_minutes is None else 60.0 * budget_minutes
         self.budget_spent = budget_spent
         self.spent = False
-        self._start = self._last_step_end = None
+        self._start = self._step_start = self._last_step_end = None
+        self._step_seconds = 0.0  # the last step's
         self._epoch_end_seconds = 0.0  # the last epoch's validation and epoch-end callbacks
 
     def seconds(self) -> float:
@@ -159,12 +162,15 @@ class TrainingClock(keras.callbacks.Callback):
             self._epoch_end_seconds = time.perf_counter() - self._last_step_end
 
     def on_train_batch_begin(self, batch, logs=None):
+        self._step_start = time.perf_counter()
         if self.budget_spent is not None:
             self.budget_spent.assign(min(self.seconds() / self._steps_seconds(), 1.0))
 
     def on_train_batch_end(self, batch, logs=None):
         self._last_step_end = time.perf_counter()
-        if self.budget_seconds is not None and self.seconds() >= self._steps_seconds():
+        self._step_seconds = self._last_step_end - self._step_start
+        if (self.budget_seconds is not None
+                and self.seconds() + self._step_seconds >= self._steps_seconds()):
             self.spent = True
             self.model.stop_training = True
 

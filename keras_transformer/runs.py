@@ -302,12 +302,7 @@ class Run:
         a checkpoint written without them (before `train.budget_minutes` existed)."""
         if not epoch:
             return 0.0
-        try:
-            with h5py.File(self.checkpoint_file(epoch), "r") as f:
-                minutes = f.attrs.get(TRAINING_MINUTES_ATTR)
-        except (OSError, RuntimeError) as error:
-            raise DamagedWeightsError(f"{self.checkpoint_file(epoch)} is damaged "
-                                      f"({first_line(error)})") from None
+        [minutes] = weight_file_attrs(self.checkpoint_file(epoch), TRAINING_MINUTES_ATTR)
         return 0.0 if minutes is None else float(minutes)
 
     def _write_state(self, state: dict) -> None:
@@ -448,6 +443,16 @@ def save_weights(model: Transformer, path: str | os.PathLike, *,
     return path
 
 
+def weight_file_attrs(path: Path, *names: str) -> list:
+    """The HDF5 attributes `names` of a weight file (None where one is missing); raises
+    DamagedWeightsError naming the file if it cannot be read."""
+    try:
+        with h5py.File(path, "r") as f:
+            return [f.attrs.get(name) for name in names]
+    except (OSError, RuntimeError) as error:  # h5py: RuntimeError for damaged metadata
+        raise DamagedWeightsError(f"{path} is damaged ({first_line(error)})") from None
+
+
 def load_weights(model: Transformer, path: str | os.PathLike, config: ModelConfig,
                  where: str | os.PathLike = "the config") -> None:
     """Loads a weight file into `model`, and dropout's seed states if the file has them.
@@ -458,12 +463,7 @@ def load_weights(model: Transformer, path: str | os.PathLike, config: ModelConfi
     the config attribute (by Keras directly) are loaded unchecked.
     """
     path = Path(path)
-    try:
-        with h5py.File(path, "r") as f:
-            trained = f.attrs.get(MODEL_CONFIG_ATTR)
-            states = f.attrs.get(RANDOM_STATES_ATTR)
-    except (OSError, RuntimeError) as error:  # h5py: RuntimeError for damaged metadata
-        raise DamagedWeightsError(f"{path} is damaged ({first_line(error)})") from None
+    trained, states = weight_file_attrs(path, MODEL_CONFIG_ATTR, RANDOM_STATES_ATTR)
     if trained is not None:
         try:
             trained = json.loads(trained)

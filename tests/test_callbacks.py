@@ -93,8 +93,9 @@ def test_step_summaries_write_once_per_optimizer_step(tmp_path, monkeypatch):
 
 
 def test_training_clock_counts_on_from_the_checkpoint_and_stops_within_the_budget(monkeypatch):
-    """One minute before this session, a 3-minute budget: the steps may run while the time
-    spent plus the last epoch's end (its validation, 10 s here) is within the budget."""
+    """One minute before this session, a 3-minute budget: a step may start while the time
+    spent, another step like the last and an epoch end like the last (its validation, 10 s
+    here) are within the budget."""
     now = [1000.0]
     monkeypatch.setattr(callbacks.time, "perf_counter", lambda: now[0])
     spent = tf.Variable(-1.0)
@@ -117,11 +118,17 @@ def test_training_clock_counts_on_from_the_checkpoint_and_stops_within_the_budge
     clock.on_epoch_end(0, logs)
     assert logs == {"training_minutes": pytest.approx(100 / 60)}
     clock.on_epoch_begin(1)
-    assert step(1090.0, 1109.0) == pytest.approx(150 / 170)  # 180 s less the 10 s reserve
+    # 180 s less the 10 s reserve; a 1 s step ending at 168 s leaves room for one more.
+    assert step(1100.0, 1101.0) == pytest.approx(160 / 170)
+    assert step(1107.0, 1108.0) == pytest.approx(167 / 170)
     assert not (model.stop_training or clock.spent)
-    assert step(1109.5, 1110.0) == pytest.approx(169.5 / 170)
+    assert step(1108.0, 1109.0) == pytest.approx(168 / 170)  # 169 s + 1 s: no room left
     assert model.stop_training and clock.spent
-    assert clock.seconds() == pytest.approx(170.0)
+    assert clock.seconds() == pytest.approx(169.0)
+    # The reserve follows the last epoch end (2 s here).
+    now[0] = 1111.0
+    clock.on_epoch_begin(2)
+    assert clock._steps_seconds() == pytest.approx(178.0)
 
 
 def test_training_clock_without_a_budget_only_counts(monkeypatch):
