@@ -37,15 +37,12 @@ def test_every_experiment_file_loads_and_is_named_after_itself(path):
 # Values that differ between the three Multi30k experiments (each file's own) and values that
 # all three take from experiments/base/multi30k.yaml.
 MULTI30K_OWN = {
-    "multi30k_de_en": dict(source_lang="de", target_lang="en", epochs=200, sp_nbest_size=0,
-                           sp_alpha=0.1, budget_minutes=118, decay="linear", dropout=0.25,
-                           beam_size=4, alpha=1.4),
-    "multi30k_en_de": dict(source_lang="en", target_lang="de", epochs=200, sp_nbest_size=-1,
-                           sp_alpha=0.5, budget_minutes=118, decay="linear", dropout=0.25,
-                           beam_size=5, alpha=1.2),
-    "multi30k_en_fr": dict(source_lang="en", target_lang="fr", epochs=200, sp_nbest_size=0,
-                           sp_alpha=0.1, budget_minutes=118, decay="linear", dropout=0.25,
-                           beam_size=5, alpha=1.7),
+    "multi30k_de_en": dict(source_lang="de", target_lang="en", sp_nbest_size=0,
+                           sp_alpha=0.1, beam_size=4, alpha=1.4),
+    "multi30k_en_de": dict(source_lang="en", target_lang="de", sp_nbest_size=-1,
+                           sp_alpha=0.5, beam_size=5, alpha=1.2),
+    "multi30k_en_fr": dict(source_lang="en", target_lang="fr", sp_nbest_size=0,
+                           sp_alpha=0.1, beam_size=5, alpha=1.7),
 }
 
 
@@ -58,23 +55,29 @@ def test_multi30k_experiments_extend_the_shared_base(name):
     assert config.name == name
     assert (config.data.source_lang, config.data.target_lang) == (own["source_lang"],
                                                                   own["target_lang"])
-    assert (config.train.epochs, config.train.budget_minutes, config.train.decay) == (
-        own["epochs"], own["budget_minutes"], own["decay"])
     assert (config.data.sp_nbest_size, config.data.sp_alpha) == (own["sp_nbest_size"],
                                                                  own["sp_alpha"])
     assert (config.decode.beam_size, config.decode.alpha) == (own["beam_size"], own["alpha"])
-    assert config.model.dropout == own["dropout"]
     # From the base (and the tutorial preset it names), the same in all three.
     model = config.model
     assert (model.num_layers, model.d_model, model.dff, model.num_heads) == (4, 128, 512, 8)
-    assert (model.norm, model.share_embeddings) == ("pre", "all")
+    assert (model.norm, model.share_embeddings, model.dropout) == ("pre", "all", 0.25)
     data = config.data
     assert (data.dataset, data.tokenizer, data.vocab_size) == ("multi30k", "sentencepiece", 8000)
     assert (data.max_pair_length, data.tokens_per_batch) == (128, 4096)
     train = config.train
+    assert (train.epochs, train.budget_minutes, train.decay) == (200, 118, "linear")
     assert (train.steps_per_epoch, train.warmup_steps, train.learning_rate_scale) == (170, 500, 0.5)
     assert (train.label_smoothing, train.precision, train.validation_bleu_sentences) == (
         0.1, "auto", 300)
+
+
+def test_the_wu2021_recipe_overrides_the_base_budget_with_its_step_count():
+    config = ExperimentConfig.from_yaml(REPO_ROOT / "experiments" / "multi30k_de_en_wu2021.yaml")
+    train = config.train
+    assert (train.budget_minutes, train.decay, train.epochs, train.steps_per_epoch) == (
+        None, "inverse_sqrt", 100, 80)
+    assert (config.model.dropout, config.model.norm) == (0.3, "post")
 
 
 def test_base_values_are_merged_section_by_section(tmp_path):
