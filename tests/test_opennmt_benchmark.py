@@ -144,7 +144,7 @@ def test_opennmt_gets_our_recipes_model_size_batches_and_schedule(bench, tmp_pat
         "share_embeddings": "ALL", "pre_norm": True, "output_layer_bias": False}
     params, train, run_eval = (settings["config"][k] for k in ("params", "train", "eval"))
     assert params["decay_params"] == {"model_dim": 128, "warmup_steps": 400}
-    assert params["learning_rate"] == 0.5 and params["beam_width"] == 1
+    assert params["learning_rate"] == 0.68 and params["beam_width"] == 1
     assert (train["batch_size"], train["batch_type"]) == (4096, "tokens")
     assert run_eval["steps"] == train["save_checkpoints_steps"] == 100
     assert run_eval["save_eval_predictions"] is True
