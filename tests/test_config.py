@@ -37,8 +37,8 @@ def test_every_experiment_file_loads_and_is_named_after_itself(path):
 # Values that differ between the three Multi30k experiments (each file's own) and values that
 # all three take from experiments/base/multi30k.yaml.
 MULTI30K_OWN = {
-    "multi30k_de_en": dict(source_lang="de", target_lang="en", sp_nbest_size=0,
-                           sp_alpha=0.1, beam_size=4, alpha=1.4),
+    "multi30k_de_en": dict(source_lang="de", target_lang="en", sp_nbest_size=-1,
+                           sp_alpha=0.5, beam_size=6, alpha=1.4),
     "multi30k_en_de": dict(source_lang="en", target_lang="de", sp_nbest_size=-1,
                            sp_alpha=0.5, beam_size=5, alpha=1.2),
     "multi30k_en_fr": dict(source_lang="en", target_lang="fr", sp_nbest_size=0,
