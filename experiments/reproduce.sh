@@ -21,13 +21,14 @@ KT="$BIN/keras-transformer"
 RUN=${RUN:-runs/$NAME}
 AVERAGE=${AVERAGE:-5}
 CONFIG=experiments/$NAME.yaml
-# The languages as the resolved config has them (they may come from the file's `base:`).
-read -r SRC TGT < <("$BIN/python" -c "from keras_transformer.config import ExperimentConfig
-data = ExperimentConfig.from_yaml('$CONFIG').data; print(data.source_lang, data.target_lang)")
-
 start=$(date +%s)
 "$KT" train --config "$CONFIG" --output "$RUN" --progress 2 "$@"
 echo "training wall time: $(( $(date +%s) - start )) s"
+
+# The languages as the run trained them: its config.yaml is the file's resolved with its `base:`
+# and the --set overrides above (such as data.source_lang).
+read -r SRC TGT < <("$BIN/python" -c "from keras_transformer.config import ExperimentConfig
+data = ExperimentConfig.from_yaml('$RUN/config.yaml').data; print(data.source_lang, data.target_lang)")
 
 "$KT" average --run "$RUN" --last "$AVERAGE"
 
