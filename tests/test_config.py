@@ -40,7 +40,7 @@ MULTI30K_OWN = {
     "multi30k_de_en": dict(source_lang="de", target_lang="en", sp_nbest_size=-1,
                            sp_alpha=0.5, beam_size=6, alpha=1.4),
     "multi30k_en_de": dict(source_lang="en", target_lang="de", sp_nbest_size=-1,
-                           sp_alpha=0.5, beam_size=5, alpha=1.2),
+                           sp_alpha=1.0, beam_size=6, alpha=1.7),
     "multi30k_en_fr": dict(source_lang="en", target_lang="fr", sp_nbest_size=0,
                            sp_alpha=0.1, beam_size=5, alpha=1.7),
 }
