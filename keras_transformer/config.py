@@ -301,9 +301,23 @@ class DecodeConfig:
     # above it, in half its time at alpha 1.4; experiments/RESULTS.md "Decoding speed".
     stopping: str = "beam_full"
     patience: float = 2.0  # "beam_full" only
+    # Random sampling (`translate_sampling`, back-translation): the next token is drawn from
+    # the `sampling_topk` most probable (0: all), then from the smallest set of those whose
+    # probability reaches `sampling_topp` (1: no cut), at `sampling_temperature`.
+    sampling_topk: int = 0
+    sampling_topp: float = 1.0
+    sampling_temperature: float = 1.0
 
     def __post_init__(self):
         _check_positive("decode.beam_size", self.beam_size)
+        if not (isinstance(self.sampling_topk, int) and self.sampling_topk >= 0):
+            raise ConfigError(f"decode.sampling_topk={self.sampling_topk!r} must be an integer "
+                              ">= 0 (0: every token)")
+        if not 0 < self.sampling_topp <= 1:
+            raise ConfigError(f"decode.sampling_topp={self.sampling_topp!r} must be in (0, 1]")
+        if not (self.sampling_temperature > 0 and math.isfinite(self.sampling_temperature)):
+            raise ConfigError(f"decode.sampling_temperature={self.sampling_temperature!r} must "
+                              "be a finite number > 0")
         _check_choice("decode.stopping", self.stopping, STOPPING_CHOICES)
         if not self.patience >= 1:
             raise ConfigError(f"decode.patience={self.patience!r} must be >= 1")

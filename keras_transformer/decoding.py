@@ -1,8 +1,8 @@
-"""Greedy and beam search: one `tf.while_loop` driver and two decoding strategies.
+"""Decoding strategies (greedy, beam, sampling) and the one `tf.while_loop` that drives them.
 
 As in OpenNMT-tf (`opennmt/utils/decoding.py`), the loop (`decode`) knows neither the model nor
-the search: a `DecodingStrategy` (`GreedySearch`, `BeamSearch`) says how a step's logits extend
-each sentence's hypotheses and when a sentence is done, and a step function gives the logits:
+the search: a `DecodingStrategy` says how a step's logits extend each sentence's hypotheses and
+when a sentence is done, and a step function gives the logits:
 
     symbols_to_logits_fn(ids, step, state) -> (logits, state), or with a `context`:
     symbols_to_logits_fn(ids, step, state, context, beams) -> (logits, state)
@@ -15,6 +15,10 @@ each sentence's hypotheses and when a sentence is done, and a step function give
              reads but never changes (the encoder output's cross-attention keys/values and the
              source mask); `beams` (a Python int) consecutive rows of `ids` belong to each.
     logits:  `[rows, vocab]`, scores of the token at position `step + 1` (cast to float32 here).
+
+Strategies are registered by name (`register_strategy`) and built from a `DecodeConfig` by
+`strategy_from_config`; `Translator` gives every registered strategy a `translate_<name>`
+signature. Adding one is a `DecodingStrategy` subclass in this file with its registration line.
 
 Finished sentences leave the batch, so that they cost nothing in later steps (as CTranslate2
 does): each step, the rows of the sentences that are done are written to the result, and the
@@ -32,8 +36,12 @@ possible." Ranking and stopping follow `search_rules`.
 
 from __future__ import annotations
 
+import abc
+import math
+
 import tensorflow as tf
 
+from keras_transformer.config import END_ID, PAD_ID, START_ID, DecodeConfig
 from keras_transformer.search_rules import (
     NEG_INF,
     STOPPING_RULES,
@@ -41,60 +49,122 @@ from keras_transformer.search_rules import (
     finished_to_stop,
     length_penalty,
 )
-from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID
 
-__all__ = ["NEG_INF", "STOPPING_RULES", "DecodingStrategy", "GreedySearch", "BeamSearch",
-           "decode", "greedy_search", "beam_search", "tile_beams"]
+__all__ = ["NEG_INF", "STOPPING_RULES", "STRATEGIES", "DecodingStrategy", "GreedySearch",
+           "BeamSearch", "SamplingSearch", "register_strategy", "strategy_from_config", "decode",
+           "greedy_search", "beam_search", "sampling_search", "tile_beams"]
+
+STRATEGIES: dict[str, type] = {}  # name -> DecodingStrategy subclass, in registration order
 
 
-class DecodingStrategy:
+def register_strategy(name: str):
+    """Class decorator: registers a `DecodingStrategy` under `name` (its `translate_<name>`
+    signature, `Translator.search(ids, name)`, `strategy_from_config(name, ...)`)."""
+    def register(cls):
+        if name in STRATEGIES:
+            raise ValueError(f"a decoding strategy named {name!r} is already registered")
+        cls.name = name
+        STRATEGIES[name] = cls
+        return cls
+    return register
+
+
+def strategy_from_config(name: str, config: DecodeConfig | None = None,
+                         **options) -> "DecodingStrategy":
+    """The strategy registered as `name`, with the settings of `config` (default:
+    `DecodeConfig()`) overridden by `options` (each strategy's `from_config` lists them)."""
+    if name not in STRATEGIES:
+        raise ValueError(f"decoding strategy {name!r} is not one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[name].from_config(config or DecodeConfig(), **options)
+
+
+class DecodingStrategy(abc.ABC):
     """How a search extends hypotheses; `decode` drives it.
 
-    The search state is a dict of tensors with one row per sentence still decoding. A strategy
-    defines `beams` (rows of the step function per sentence) and:
+    The search state is a dict of tensors with one row per sentence still decoding; everything
+    that changes during a search lives there, never on the object (a strategy holds only its
+    settings, Python numbers or scalar tensors), so one object may drive any number of searches.
 
-        initialize(batch_size, start_ids, caps, max_decode_length) -> search state (called once
-            per search, inside the traced function: the strategy may keep `max_decode_length`)
-        inputs(search, first) -> ids int32 `[n * beams]` (`[n]` with `first`)
-        step(step, logits, search) -> (search, parents int32 `[n, beams]` or None, done bool `[n]`)
-        results(search) -> per-sentence outputs `[n, ...]`, written when a sentence is done
-        empty_results(batch_size, max_decode_length) -> the result buffers `[batch, ...]`
-        finalize(results) -> (ids, scores)
-
-    `parents` says which row of its sentence each new row continues (None: every row its own).
+    Class attributes:
+        name: the registered name (`register_strategy`).
+        beams: rows of the step function per sentence.
+        first_step_per_sentence: step 0 runs on one row per sentence and is tiled to the beams.
+        nbest: the results hold several hypotheses per sentence (`[batch, k, ...]`).
+        signature_inputs: `{name: tf.TensorSpec([None], ...)}`, inputs with one value per
+            sentence that `Translator`'s signature of this strategy takes besides the source
+            and passes to `from_config`.
     """
 
+    name = None
     beams = 1
-    first_step_per_sentence = False  # step 0 on one row per sentence, then tiled to the beams
+    first_step_per_sentence = False
+    nbest = False
+    signature_inputs: dict = {}
+
+    @classmethod
+    @abc.abstractmethod
+    def from_config(cls, config: DecodeConfig, **options) -> "DecodingStrategy":
+        """This strategy with `config`'s settings, overridden by `options`."""
+
+    @abc.abstractmethod
+    def initialize(self, start_ids, caps, max_decode_length) -> dict:
+        """The search state of a batch: `start_ids` int32 `[batch]`, `caps` int32 `[batch]`
+        (each sentence's most tokens), `max_decode_length` int32 scalar (output columns)."""
+
+    def inputs(self, search, first=False):
+        """The ids to feed at this step: int32 `[n * beams]` (`[n]` with `first`)."""
+        return search["ids"]
+
+    @abc.abstractmethod
+    def step(self, step, logits, search):
+        """Extends the hypotheses by `logits` float32 `[n * beams, vocab]` (the tokens at
+        position `step`) -> (search, parents int32 `[n, beams]` or None, done bool `[n]`).
+        `parents` says which row of its sentence each new row continues (None: each its own)."""
+
+    @abc.abstractmethod
+    def results(self, search):
+        """Per-sentence outputs `[n, ...]`, written to the results when a sentence is done."""
+
+    @abc.abstractmethod
+    def empty_results(self, batch_size, max_decode_length):
+        """The result buffers `[batch, ...]`, in the structure of `results`."""
+
+    def finalize(self, results):
+        """The results -> (ids, scores)."""
+        return results
 
 
-class GreedySearch(DecodingStrategy):
-    """Picks the most probable next token of every sentence.
+class _OneHypothesis(DecodingStrategy):
+    """A search that keeps one hypothesis per sentence and picks its next token by `choose`.
 
     Search state: `ids` int32 `[n]` (the last token), `output` int32 `[n, max_decode_length]`,
-    `scores` float32 `[n]` (the sum of the tokens' log-probabilities), `caps` int32 `[n]`.
+    `scores` float32 `[n]` (the sum of the chosen tokens' log-probabilities under the model),
+    `caps` int32 `[n]`, and what `extra_state` adds.
     Results: ids int32 `[batch, max_decode_length]`, scores float32 `[batch]`.
     """
 
     def __init__(self, *, end_id=END_ID):
         self.end_id = end_id
 
-    def initialize(self, batch_size, start_ids, caps, max_decode_length):
-        self.max_decode_length = max_decode_length  # the output columns, for `step`
-        return {"ids": start_ids, "output": tf.zeros([batch_size, max_decode_length], tf.int32),
-                "scores": tf.zeros([batch_size], tf.float32), "caps": caps}
+    def extra_state(self) -> dict:
+        return {}
 
-    def inputs(self, search, first=False):
-        return search["ids"]
+    @abc.abstractmethod
+    def choose(self, step, logits, search):
+        """-> (ids int32 `[n]`, their log-probabilities float32 `[n]`)."""
+
+    def initialize(self, start_ids, caps, max_decode_length):
+        batch_size = tf.shape(start_ids)[0]
+        return {"ids": start_ids, "output": tf.zeros([batch_size, max_decode_length], tf.int32),
+                "scores": tf.zeros([batch_size], tf.float32), "caps": caps, **self.extra_state()}
 
     def step(self, step, logits, search):
-        log_probs, ids = _top_log_probs(tf.cast(logits, tf.float32), 1)  # [n, 1]
-        ids, log_probs = ids[:, 0], log_probs[:, 0]
-        output = search["output"] + tf.one_hot(
-            step, self.max_decode_length, dtype=tf.int32) * ids[:, None]
+        ids, log_probs = self.choose(step, tf.cast(logits, tf.float32), search)
+        output = search["output"]
+        output += tf.one_hot(step, tf.shape(output)[1], dtype=tf.int32) * ids[:, None]
         done = tf.equal(ids, self.end_id) | (step + 1 >= search["caps"])  # [n]
-        return ({"ids": ids, "output": output, "scores": search["scores"] + log_probs,
-                 "caps": search["caps"]}, None, done)
+        return {**search, "ids": ids, "output": output,
+                "scores": search["scores"] + log_probs}, None, done
 
     def results(self, search):
         return search["output"], search["scores"]
@@ -103,10 +173,21 @@ class GreedySearch(DecodingStrategy):
         return (tf.zeros([batch_size, max_decode_length], tf.int32),
                 tf.zeros([batch_size], tf.float32))
 
-    def finalize(self, results):
-        return results
+
+@register_strategy("greedy")
+class GreedySearch(_OneHypothesis):
+    """Picks the most probable next token of every sentence (ties: the lower id)."""
+
+    @classmethod
+    def from_config(cls, config, *, end_id=END_ID):
+        return cls(end_id=end_id)
+
+    def choose(self, step, logits, search):
+        log_probs, ids = _top_log_probs(logits, 1)  # [n, 1]
+        return ids[:, 0], log_probs[:, 0]
 
 
+@register_strategy("beam")
 class BeamSearch(DecodingStrategy):
     """Beam search with the GNMT length penalty; returns the n best hypotheses.
 
@@ -155,9 +236,11 @@ class BeamSearch(DecodingStrategy):
     """
 
     first_step_per_sentence = True
+    nbest = True
 
-    def __init__(self, beam_size, *, alpha=0.6, num_hypotheses=1, stopping="exact",
-                 patience=1.0, end_id=END_ID):
+    def __init__(self, beam_size=DecodeConfig.beam_size, *, alpha=DecodeConfig.alpha,
+                 num_hypotheses=1, stopping=DecodeConfig.stopping,
+                 patience=DecodeConfig.patience, end_id=END_ID):
         if not 1 <= num_hypotheses <= beam_size:
             raise ValueError(f"num_hypotheses={num_hypotheses} must be in [1, beam_size={beam_size}]")
         if not tf.is_tensor(alpha) and alpha < 0:
@@ -171,8 +254,16 @@ class BeamSearch(DecodingStrategy):
         self.stopping, self.end_id = stopping, end_id
         self.finished_needed = finished_to_stop(beam_size, patience)
 
-    def initialize(self, batch_size, start_ids, caps, max_decode_length):
-        self.max_decode_length = max_decode_length  # the output columns, for `step`
+    @classmethod
+    def from_config(cls, config, *, alpha=None, num_hypotheses=None, end_id=END_ID):
+        """`config`'s beam size, alpha, stopping rule and patience; every hypothesis returned
+        (`num_hypotheses` default: the beam size); `alpha` may be a float32 scalar tensor."""
+        return cls(config.beam_size, alpha=config.alpha if alpha is None else alpha,
+                   num_hypotheses=num_hypotheses or config.beam_size,
+                   stopping=config.stopping, patience=config.patience, end_id=end_id)
+
+    def initialize(self, start_ids, caps, max_decode_length):
+        batch_size = tf.shape(start_ids)[0]
         beam = self.beam_size
         # All beams start identical: only the first one may expand at step 0.
         first_beam_only = tf.concat([[0.0], tf.fill([beam - 1], NEG_INF)], axis=0)  # [beam]
@@ -208,7 +299,7 @@ class BeamSearch(DecodingStrategy):
         top_beam = top_index // per_beam  # [n, 2 * beam]
         top_ids = tf.gather(tf.reshape(row_ids, [n, -1]), top_index, batch_dims=1)  # [n, 2 * beam]
         top_seq = tf.gather(search["alive_seq"], top_beam, batch_dims=1)  # [n, 2 * beam, len]
-        top_seq += tf.one_hot(step, self.max_decode_length, dtype=tf.int32) * top_ids[:, :, tf.newaxis]
+        top_seq += tf.one_hot(step, tf.shape(top_seq)[2], dtype=tf.int32) * top_ids[:, :, tf.newaxis]
 
         length = step + 1
         caps = search["caps"]
@@ -266,13 +357,87 @@ class BeamSearch(DecodingStrategy):
                 tf.where(flags, scores, NEG_INF))
 
 
+@register_strategy("sampling")
+class SamplingSearch(_OneHypothesis):
+    """Random sampling: each step draws every sentence's next token from the model's
+    distribution at `temperature`, restricted to its `top_k` most probable tokens (0: all) and
+    then to the smallest prefix of those, most probable first, whose probability reaches
+    `top_p` (nucleus sampling, Holtzman et al. 2020, arXiv:1904.09751). Back-translation at
+    scale samples (Edunov et al. 2018, arXiv:1808.09381).
+
+    Every sentence has its own seed, and its draws depend only on its seed, the step and its
+    own logits: a sentence samples the same tokens alone or in any batch, so a corpus
+    translated in any batching, shards or resumed pieces gives the same output. The uniform
+    number of a draw is a hash of (seed, step) (`_uniform`): TensorFlow's stateless random ops
+    take one seed per op, not one per row. The draw is the inverse of the truncated
+    distribution's cumulative sum at that number.
+
+    With `top_k` 1 it is greedy search, whatever the seed. Scores are as greedy search's: the
+    sum of the chosen tokens' log-probabilities under the model (temperature 1, no truncation).
+
+    Args:
+        seeds: int64 `[batch]`, one per sentence.
+        top_k: int >= 0, or an int32 scalar tensor.
+        temperature: float > 0, or a float32 scalar tensor; below 1 sharpens, above flattens.
+        top_p: float in (0, 1], or a float32 scalar tensor; 1 disables nucleus truncation.
+        end_id: the token that finishes a sentence.
+    """
+
+    signature_inputs = {"seed": tf.TensorSpec([None], tf.int64, name="seed")}
+
+    def __init__(self, *, seeds, top_k=0, temperature=1.0, top_p=1.0, end_id=END_ID):
+        super().__init__(end_id=end_id)
+        if not tf.is_tensor(top_k) and not (isinstance(top_k, int) and top_k >= 0):
+            raise ValueError(f"top_k={top_k!r} must be an integer >= 0 (0: every token)")
+        if not tf.is_tensor(temperature) and not (temperature > 0 and math.isfinite(temperature)):
+            raise ValueError(f"temperature={temperature!r} must be a finite number > 0")
+        if not tf.is_tensor(top_p) and not 0 < top_p <= 1:
+            raise ValueError(f"top_p={top_p!r} must be in (0, 1]")
+        self.seeds = seeds
+        self.top_k, self.temperature, self.top_p = top_k, temperature, top_p
+
+    @classmethod
+    def from_config(cls, config, *, seed, top_k=None, temperature=None, top_p=None,
+                    end_id=END_ID):
+        return cls(seeds=seed, end_id=end_id,
+                   top_k=config.sampling_topk if top_k is None else top_k,
+                   temperature=config.sampling_temperature if temperature is None else temperature,
+                   top_p=config.sampling_topp if top_p is None else top_p)
+
+    def extra_state(self):
+        return {"seeds": tf.cast(self.seeds, tf.int64)}
+
+    def choose(self, step, logits, search):
+        vocab_size = tf.shape(logits)[1]
+        top_k = tf.convert_to_tensor(self.top_k, tf.int32)
+        k = tf.where((top_k > 0) & (top_k < vocab_size), top_k, vocab_size)
+        top_p = tf.convert_to_tensor(self.top_p, tf.float32)
+        candidates, ids = tf.math.top_k(
+            logits / tf.convert_to_tensor(self.temperature, tf.float32), k=k)  # [n, k]
+        probs = tf.nn.softmax(candidates)
+        # Nucleus: keep a candidate while the more probable ones sum to less than top_p (the
+        # first is always kept); `kept` counts the candidates in the prefix.
+        before = tf.math.cumsum(probs, axis=1, exclusive=True)
+        in_nucleus = before < top_p
+        kept = tf.reduce_sum(tf.cast(in_nucleus, tf.int32), axis=1)  # [n], >= 1
+        cumulative = tf.math.cumsum(tf.where(in_nucleus, probs, 0.0), axis=1)
+        target = _uniform(search["seeds"], step) * cumulative[:, -1:]  # [n, 1]
+        # The first candidate whose cumulative sum passes the target (never past the nucleus:
+        # rounding may put the target at the total).
+        position = tf.minimum(
+            tf.reduce_sum(tf.cast(cumulative <= target, tf.int32), axis=1), kept - 1)
+        chosen = tf.gather(ids, position[:, None], batch_dims=1)[:, 0]  # [n]
+        log_probs = tf.gather(tf.nn.log_softmax(logits), chosen[:, None], batch_dims=1)[:, 0]
+        return chosen, log_probs
+
+
 def decode(strategy: DecodingStrategy, symbols_to_logits_fn, initial_state, *, batch_size,
            max_decode_length, start_id=START_ID, length_caps=None, state_shape_invariants=None,
            context=None):
     """Runs `strategy` over a step function in one `tf.while_loop`.
 
     Args:
-        strategy: a `GreedySearch` or `BeamSearch`.
+        strategy: a `DecodingStrategy`.
         symbols_to_logits_fn: see the module docstring.
         initial_state: nested structure of tensors with one row per sentence (`[batch, ...]`);
             tiled to the beams after step 0 and gathered to follow them.
@@ -301,7 +466,7 @@ def decode(strategy: DecodingStrategy, symbols_to_logits_fn, initial_state, *, b
     beams = strategy.beams
     caps = _length_caps(length_caps, batch_size, max_decode_length)  # [batch]
     start_ids = tf.fill([batch_size], tf.constant(start_id, tf.int32))
-    search = strategy.initialize(batch_size, start_ids, caps, max_decode_length)
+    search = strategy.initialize(start_ids, caps, max_decode_length)
 
     def cond(step, active, *_):
         return tf.logical_and(step < max_decode_length, tf.size(active) > 0)
@@ -360,13 +525,24 @@ def greedy_search(symbols_to_logits_fn, initial_state, *, end_id=END_ID, **loop_
                   **loop_options)
 
 
-def beam_search(symbols_to_logits_fn, initial_state, *, beam_size, alpha=0.6, num_hypotheses=1,
-                stopping="exact", patience=1.0, end_id=END_ID, **loop_options):
+def beam_search(symbols_to_logits_fn, initial_state, *, beam_size=DecodeConfig.beam_size,
+                alpha=DecodeConfig.alpha, num_hypotheses=1, stopping=DecodeConfig.stopping,
+                patience=DecodeConfig.patience, end_id=END_ID, **loop_options):
     """`decode` with a `BeamSearch` (see its arguments): ids int32 `[batch, num_hypotheses,
     max_decode_length]` and scores float32 `[batch, num_hypotheses]`, log P / lp, best first.
     `loop_options` are `decode`'s keyword arguments."""
     strategy = BeamSearch(beam_size, alpha=alpha, num_hypotheses=num_hypotheses,
                           stopping=stopping, patience=patience, end_id=end_id)
+    return decode(strategy, symbols_to_logits_fn, initial_state, **loop_options)
+
+
+def sampling_search(symbols_to_logits_fn, initial_state, *, seeds, top_k=0, temperature=1.0,
+                    top_p=1.0, end_id=END_ID, **loop_options):
+    """`decode` with a `SamplingSearch` (see its arguments): ids int32 `[batch,
+    max_decode_length]` and scores float32 `[batch]` (log P of the sampled tokens).
+    `loop_options` are `decode`'s keyword arguments."""
+    strategy = SamplingSearch(seeds=seeds, top_k=top_k, temperature=temperature, top_p=top_p,
+                              end_id=end_id)
     return decode(strategy, symbols_to_logits_fn, initial_state, **loop_options)
 
 
@@ -445,3 +621,29 @@ def _gather_beams(state, parents, batch_size, beam_size):
     offsets = tf.range(batch_size)[:, tf.newaxis] * beam_size  # [batch, 1]
     flat_parents = tf.reshape(parents + offsets, [-1])  # [batch * beam]
     return tf.nest.map_structure(lambda t: tf.gather(t, flat_parents), state)
+
+
+def _uniform(seeds, step):
+    """One float32 in [0, 1) per row, a function of (seed, step) only: SplitMix64's finalizer
+    (Steele et al. 2014) over the seed, then over the seed's hash mixed with the step.
+
+    Args:
+        seeds: int64 `[n]`; step: int32 scalar.
+    Returns:
+        float32 `[n, 1]`.
+    """
+    def mix(x):  # uint64 arithmetic wraps around, as SplitMix64 needs
+        x += tf.constant(0x9E3779B97F4A7C15, tf.uint64)
+        x = _xor_shift(x, 30) * tf.constant(0xBF58476D1CE4E5B9, tf.uint64)
+        x = _xor_shift(x, 27) * tf.constant(0x94D049BB133111EB, tf.uint64)
+        return _xor_shift(x, 31)
+
+    state = mix(tf.bitwise.bitwise_xor(mix(tf.bitcast(seeds, tf.uint64)),
+                                       tf.cast(step, tf.uint64)))
+    # The top 24 bits: every float32 in [0, 1) that they give is exact.
+    top_bits = tf.bitwise.right_shift(state, tf.constant(40, tf.uint64))
+    return tf.cast(top_bits, tf.float32)[:, None] * (1.0 / (1 << 24))
+
+
+def _xor_shift(x, bits):
+    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(bits, tf.uint64)))

@@ -27,12 +27,14 @@ from keras_transformer.runs import Run, check_writable_folder
 from keras_transformer.text_io import first_line
 from keras_transformer.text_normalization import NORMALIZATION
 from keras_transformer.tokenizers import without_sentencepiece_info
-from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, STRINGS_SPEC, Translator,
-                                          translator_from_run)
+from keras_transformer.translator import (SIGNATURES, Translator, signature_arguments,
+                                          signature_inputs, translator_from_run)
 
 WARMUP_FILE = "tf_serving_warmup_requests"  # in assets.extra/, replayed by TF Serving on load
 EXPORT_FORMATS = ("savedmodel", "ctranslate2")
 WARMUP_SENTENCES = ("Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "")
+# The functions every export has had (later ones, such as translate_sampling, are newer).
+LOADER_FUNCTIONS = ("translate_greedy", "translate_beam", "translate_nbest")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +79,8 @@ class BatchingTranslator(tf.Module):
         export_id = uuid.uuid4().hex
         for name, function in translator.signatures().items():
             setattr(self, "__call__" if name == "serving_default" else name,
-                    _batched(function.get_concrete_function(), batching,
-                             f"keras_transformer_{export_id}_{name}"))
+                    _batched(function.get_concrete_function(), signature_inputs(name),
+                             batching, f"keras_transformer_{export_id}_{name}"))
 
     def signatures(self) -> dict:
         """The tf.functions to export, keyed by signature name, as `Translator`'s."""
@@ -86,13 +88,12 @@ class BatchingTranslator(tf.Module):
                 **{name: getattr(self, name) for name in SIGNATURES[1:]}}
 
 
-def _batched(function, batching: RequestBatching, queue: str):
-    """A tf.function with `function`'s signature (string [batch] -> {key: [batch, ...]}) that
-    runs it through a `BatchFunction` op with the queue `queue`."""
-    @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
-    def batched(source):
+def _batched(function, inputs: dict, batching: RequestBatching, queue: str):
+    """A tf.function with `function`'s signature (`inputs`, each `[batch, ...]` ->
+    {key: [batch, ...]}) that runs it through a `BatchFunction` op with the queue `queue`."""
+    def run(*values):
         outputs = tf.raw_ops.BatchFunction(
-            in_tensors=[source], captured_tensors=function.captured_inputs, f=function,
+            in_tensors=list(values), captured_tensors=function.captured_inputs, f=function,
             num_batch_threads=batching.num_batch_threads,
             # With splitting, max_batch_size bounds a call and the largest allowed size a
             # batch; every smaller size is allowed, so that no batch is padded.
@@ -103,7 +104,7 @@ def _batched(function, batching: RequestBatching, queue: str):
             Tout=[output.dtype for output in function.outputs])
         return tf.nest.pack_sequence_as(function.structured_outputs, outputs)
 
-    return batched
+    return tf.function(run, input_signature=list(inputs.values()), autograph=False)
 
 
 def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
@@ -235,8 +236,8 @@ def write_warmup_requests(export_dir: str | os.PathLike, sentences: Sequence[str
         for signature in SIGNATURES:
             request = predict_pb2.PredictRequest(
                 model_spec=model_pb2.ModelSpec(name=model_name, signature_name=signature))
-            request.inputs[SIGNATURE_INPUT].CopyFrom(
-                tf.make_tensor_proto(list(sentences), dtype=tf.string))
+            for name, value in signature_arguments(signature, sentences).items():
+                request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
             log = prediction_log_pb2.PredictionLog(
                 predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
@@ -336,7 +337,7 @@ def load_translator(export_dir: str | os.PathLike):
     except (tf.errors.OpError, OSError, ValueError, KeyError, IndexError, RuntimeError) as error:
         raise ConfigError(f"{export_dir}: the SavedModel does not load, damaged? "
                           f"({type(error).__name__}: {first_line(error)})") from error
-    missing = [name for name in SIGNATURES[1:] if not hasattr(module, name)]  # the functions
+    missing = [name for name in LOADER_FUNCTIONS if not hasattr(module, name)]
     if missing:
         raise ConfigError(f"{export_dir}: a SavedModel without {', '.join(missing)}: not an "
                           "export of keras-transformer")

@@ -12,14 +12,18 @@ detokenize), so the module exports as a SavedModel that TF Serving runs with no 
 
 Exported signatures (input `source`: string `[batch]`, any batch size including 0):
 
-    serving_default   beam search (the export's beam size and alpha)
-                      -> translation string [batch], score float32 [batch]
-    translate_beam    the same as serving_default, under an explicit name
-    translate_greedy  greedy search -> translation string [batch], score float32 [batch]
-    translate_nbest   beam search -> translations string [batch, beam], scores float32 [batch, beam]
+    serving_default     beam search (the export's beam size and alpha)
+                        -> translation string [batch], score float32 [batch]
+    translate_greedy    greedy search -> translation string [batch], score float32 [batch]
+    translate_beam      the same as serving_default, under an explicit name
+    translate_sampling  random sampling (the export's decode.sampling_topk, sampling_topp and
+                        sampling_temperature), inputs source and seed int64 [batch] (each
+                        sentence's own seed) -> translation string [batch], score float32 [batch]
+    translate_nbest     beam search -> translations string [batch, beam], scores float32 [batch, beam]
 
-Scores: greedy gives log P(translation | source); beam search gives log P / lp with the GNMT
-length penalty lp = ((5 + length) / 6) ** alpha (see `decoding`).
+There is one `translate_<name>` per strategy registered in `decoding.STRATEGIES`, with the
+inputs `signature_inputs` gives. Scores: greedy search and sampling give log P(translation | source); beam search gives
+log P / lp with the GNMT length penalty lp = ((5 + length) / 6) ** alpha (see `decoding`).
 
 Inputs are normalized as training text was (`tokenizers.normalize_text`: invisible characters
 removed, NFC, whitespace runs made one space). A source with no words (nothing left after
@@ -33,6 +37,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import inspect
 import itertools
 import os
 from typing import Callable, Sequence
@@ -51,9 +56,28 @@ from keras_transformer.tokenizers import END_ID, PAD_ID, Tokenizer, normalize_te
 STRINGS_SPEC = tokenizers.STRINGS_SPEC
 ALPHA_SPEC = tf.TensorSpec([], tf.float32, name="alpha")
 SIGNATURE_INPUT = "source"  # the input key of every exported signature
-SIGNATURES = ("serving_default", "translate_greedy", "translate_beam", "translate_nbest")
+# `Translator.translate(search=...)`: every registered strategy, and the beam's n-best.
+SEARCHES = (*decoding.STRATEGIES, "nbest")
+SIGNATURES = ("serving_default", *(f"translate_{name}" for name in SEARCHES))
 TranslateFn = Callable[[tf.Tensor], dict]  # string [batch] -> {"translation": string [batch], ...}
-SEARCHES = ("greedy", "beam", "nbest")  # `Translator.translate(search=...)`
+
+
+def signature_inputs(signature: str) -> dict:
+    """The inputs of an exported signature: `{name: tf.TensorSpec}`, `source` first; every
+    input has one row per sentence."""
+    name = signature.removeprefix("translate_")
+    strategy = decoding.STRATEGIES.get("beam" if name in ("nbest", "serving_default") else name)
+    return {SIGNATURE_INPUT: tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT),
+            **strategy.signature_inputs}
+
+
+def signature_arguments(signature: str, sources: Sequence[str]) -> dict:
+    """Keyword arguments that call `signature` on `sources`: `source`, and for every other
+    input (`signature_inputs`) the row numbers 0, 1, ... (a sampling signature's seeds)."""
+    arguments = {SIGNATURE_INPUT: tf.constant(list(sources), tf.string)}
+    for name, spec in list(signature_inputs(signature).items())[1:]:
+        arguments[name] = tf.range(len(sources), dtype=spec.dtype)
+    return arguments
 
 
 class Translator(tf.Module):
@@ -112,37 +136,35 @@ class Translator(tf.Module):
         # first time in a process) the model code they call. Kept out of sight of
         # tf.saved_model.save (a plain dict, not an attribute of type tf.function): it would
         # trace each search again outside the signatures' graphs and store the copies.
-        object.__setattr__(self, "_traced", {
-            "greedy": tf.function(functools.partial(self._search_ids, beam=False),
-                                  autograph=False),
-            "beam": tf.function(functools.partial(self._search_ids, beam=True), autograph=False),
-            "translate_beam": tf.function(
-                lambda source, alpha: self.translate(source, "beam", alpha),
-                input_signature=[STRINGS_SPEC, ALPHA_SPEC], autograph=False)})
+        traced = {name: tf.function(functools.partial(self._search_ids, strategy=name),
+                                    autograph=False) for name in decoding.STRATEGIES}
+        traced["translate_beam"] = tf.function(
+            lambda source, alpha: self.translate(source, "beam", alpha=alpha),
+            input_signature=[STRINGS_SPEC, ALPHA_SPEC], autograph=False)
+        object.__setattr__(self, "_traced", traced)
+        # One signature function per search (`translate_greedy`, `translate_beam`, ...):
+        # attributes of the module, so that a SavedModel keeps them as functions too.
+        for search in SEARCHES:
+            setattr(self, f"translate_{search}", self._signature_function(search))
 
     @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
     def __call__(self, source):
         """Beam search with the configured beam size and length penalty."""
         return self.translate_beam(source)
 
-    @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
-    def translate_greedy(self, source):
-        """Greedy decoding: `{"translation": string [batch], "score": float32 [batch]}` with the
-        sum of the tokens' log-probabilities as score."""
-        return self.translate(source, "greedy")
+    def _signature_function(self, search: str):
+        """The tf.function of `translate_<search>`: `translate(source, search, **inputs)` over
+        the signature's inputs (`signature_inputs`)."""
+        inputs = signature_inputs(f"translate_{search}")
 
-    @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
-    def translate_beam(self, source):
-        """Beam search: `{"translation": string [batch], "score": float32 [batch]}` with the
-        length-normalized log-probability log P / lp as score."""
-        return self.translate(source, "beam")
+        def translate(source, *values):  # tf.function passes the inputs by position
+            return self.translate(source, search, **dict(zip(list(inputs)[1:], values)))
 
-    @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
-    def translate_nbest(self, source):
-        """The `beam_size` best hypotheses, best first: `{"translations": string [batch, beam],
-        "scores": float32 [batch, beam]}`; an empty slot (fewer possible sequences than beams)
-        has translation "" and score `decoding.NEG_INF`."""
-        return self.translate(source, "nbest")
+        # Named parameters, one per input: tf.function names the signature's inputs after them.
+        translate.__signature__ = inspect.Signature(
+            [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in inputs])
+        translate.__doc__ = f"`translate(source, {search!r})`: see the module docstring."
+        return tf.function(translate, input_signature=list(inputs.values()), autograph=False)
 
     def beam_translator(self, alpha: float) -> TranslateFn:
         """`translate_beam` with length penalty `alpha` instead of the config's. Every alpha runs
@@ -158,13 +180,16 @@ class Translator(tf.Module):
 
         Functions, not concrete functions: `tf.saved_model.save` traces them itself, in its save
         context, and would trace them again if they had been traced outside it."""
-        return {"serving_default": self.__call__, "translate_greedy": self.translate_greedy,
-                "translate_beam": self.translate_beam, "translate_nbest": self.translate_nbest}
+        return {"serving_default": self.__call__,
+                **{name: getattr(self, name) for name in SIGNATURES[1:]}}
 
-    def translate(self, source, search: str = "beam", alpha=None) -> dict:
-        """The body of the signatures: string `[batch]` -> the outputs of `search`, "greedy",
-        "beam" (the best beam) or "nbest" (see the signatures), in input order; `alpha`: the
-        beam search's length penalty (default: the config's).
+    def translate(self, source, search: str = "beam", **options) -> dict:
+        """The body of the signatures: string `[batch]` -> the outputs of `search`, a
+        registered strategy (for one with n-best results, the best) or "nbest" (the beam's
+        n-best, see the signatures), in input order. `options` go to the strategy's
+        `from_config` (`alpha` for beam search, `seed` int64 `[batch]` and `top_k`,
+        `temperature`, `top_p` for sampling); the strategy's `signature_inputs` have a row
+        per source.
 
         Sources are normalized (`normalize_text`); the ones left without words get "" with
         score 0 (nbest: then empty slots) and are not decoded. The decoded sentences see
@@ -173,6 +198,7 @@ class Translator(tf.Module):
         """
         if search not in SEARCHES:
             raise ValueError(f"search={search!r} is not one of {', '.join(SEARCHES)}")
+        strategy = "beam" if search == "nbest" else search
         beam_size = self.decode_config.beam_size
         if search == "nbest":
             no_words = {"translations": [""] * beam_size,
@@ -184,15 +210,16 @@ class Translator(tf.Module):
         has_words = tf.strings.length(source) > 0  # [batch]
         rows = tf.range(tf.size(source))
         decoded, skipped = tf.boolean_mask(rows, has_words), tf.boolean_mask(rows, ~has_words)
+        for name in decoding.STRATEGIES[strategy].signature_inputs:  # one row per source
+            options[name] = tf.gather(options[name], decoded)
 
         def translate_rows():
-            ids, scores = self.search(self._tokenize(tf.gather(source, decoded)),
-                                      "greedy" if search == "greedy" else "beam", alpha)
-            if search == "greedy":
+            ids, scores = self.search(self._tokenize(tf.gather(source, decoded)), strategy,
+                                      **options)
+            if search != "nbest":
+                if decoding.STRATEGIES[strategy].nbest:  # the best is the first: one trace
+                    ids, scores = ids[:, 0], scores[:, 0]
                 return {"translation": self.target_tokenizer.detokenize(ids), "score": scores}
-            if search == "beam":  # the best is the first of the n-best: one search, one trace
-                return {"translation": self.target_tokenizer.detokenize(ids[:, 0]),
-                        "score": scores[:, 0]}
             flat = tf.reshape(ids, [-1, tf.shape(ids)[2]])  # [n * beam, len]
             texts = tf.reshape(self.target_tokenizer.detokenize(flat), [-1, beam_size])
             return {"translations": texts, "scores": scores}
@@ -212,26 +239,28 @@ class Translator(tf.Module):
         padded with PAD."""
         return self._tokenize(normalize_text(source))
 
-    def search(self, source_ids, search: str = "beam", alpha=None, length_caps=None):
+    def search(self, source_ids, search: str = "beam", length_caps=None, **options):
         """The id-level search behind the signatures.
 
         Args:
             source_ids: int32 `[batch, source_len]`, START ... END padded with PAD (see
                 `source_ids`); every row has at least START and END.
-            search: "greedy" or "beam" (`decode_config`'s beam size, stopping rule, patience).
-            alpha: float32 scalar tensor or float, the beam's length penalty (default: the
-                config's).
+            search: a registered strategy's name (`decoding.STRATEGIES`), built from
+                `decode_config` (beam: its beam size, stopping rule and patience).
             length_caps: int32 `[batch]`, the most tokens to generate per sentence (default:
                 source length + `max_extra_length`, at most the model's `max_positions`).
+            options: the strategy's `from_config` arguments, Python numbers or tensors: `alpha`
+                (beam; default the config's), `seed` int64 `[batch]` (sampling, required),
+                `top_k`, `temperature`, `top_p` (sampling; default the config's).
 
         Returns:
-            `(ids, scores)`. Greedy search: ids int32 `[batch, max_len]` (END included where
-            produced, PAD after it) and scores float32 `[batch]` (log P). Beam search: ids
-            `[batch, beam, max_len]` and scores `[batch, beam]` (log P / lp), best first, the
-            n-best of `decoding.BeamSearch`.
+            `(ids, scores)`. Greedy search and sampling: ids int32 `[batch, max_len]` (END
+            included where produced, PAD after it) and scores float32 `[batch]` (log P). Beam
+            search: ids `[batch, beam, max_len]` and scores `[batch, beam]` (log P / lp), best
+            first, the n-best of `decoding.BeamSearch`.
         """
-        if search not in ("greedy", "beam"):
-            raise ValueError(f"search={search!r} is not one of 'greedy', 'beam'")
+        if search not in decoding.STRATEGIES:
+            raise ValueError(f"search={search!r} is not one of {', '.join(decoding.STRATEGIES)}")
         source_ids = tf.convert_to_tensor(source_ids, tf.int32)
         if length_caps is None:
             lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), axis=1)
@@ -239,15 +268,18 @@ class Translator(tf.Module):
                                      self.model.config.max_positions)
         length_caps = tf.convert_to_tensor(length_caps, tf.int32)
         max_decode_length = tf.reduce_max(tf.concat([length_caps, [1]], 0))
-        if search == "greedy":
-            return self._traced["greedy"](source_ids, length_caps, max_decode_length)
-        alpha = self.decode_config.alpha if alpha is None else alpha
-        return self._traced["beam"](source_ids, length_caps, max_decode_length,
-                                    tf.convert_to_tensor(alpha, tf.float32))
+        if search == "beam":  # a tensor, so that every alpha runs one trace
+            options["alpha"] = tf.convert_to_tensor(
+                self.decode_config.alpha if options.get("alpha") is None else options["alpha"],
+                tf.float32)
+        return self._traced[search](source_ids, length_caps, max_decode_length,
+                                    {key: tf.convert_to_tensor(value)
+                                     for key, value in options.items()})
 
     def trace_counts(self) -> dict:
-        """How many times each search has been traced: `{"greedy", "beam", "translate_beam"}`
-        (the last: `beam_translator`'s); an export or a process should trace each once."""
+        """How many times each search has been traced: one entry per strategy name and
+        "translate_beam" (`beam_translator`'s); an export or a process should trace each
+        once."""
         return {name: function.experimental_get_tracing_count()
                 for name, function in self._traced.items()}
 
@@ -269,9 +301,10 @@ class Translator(tf.Module):
         last_column = tf.range(tf.shape(source_ids)[1]) == limit - 1
         return tf.where((lengths > limit)[:, None] & last_column[None, :], END_ID, source_ids)
 
-    def _search_ids(self, source_ids, length_caps, max_decode_length, alpha=None, *, beam):
-        """`search`'s traced body: encode, then `decoding.decode` over `decode_step`, every
-        weight read once per batch (not once per step inside the loop)."""
+    def _search_ids(self, source_ids, length_caps, max_decode_length, options, *, strategy):
+        """`search`'s traced body: encode, then `decoding.decode` of the strategy named
+        `strategy` over `decode_step`, every weight read once per batch (not once per step
+        inside the loop)."""
         model, config = self.model, self.decode_config
         if self.frozen_weights:
             weights = tf.nest.pack_sequence_as(
@@ -281,12 +314,7 @@ class Translator(tf.Module):
             weights = model.inference_weights()
         batch_size = tf.shape(source_ids)[0]
         cache = model.init_cache(batch_size)
-        if beam:
-            strategy = decoding.BeamSearch(
-                config.beam_size, alpha=alpha, num_hypotheses=config.beam_size,
-                stopping=config.stopping, patience=config.patience)
-        else:
-            strategy = decoding.GreedySearch()
+        strategy = decoding.strategy_from_config(strategy, config, **options)
 
         def step_function(ids, step, cache, memory, beams):
             return model.decode_step(weights, ids, step, cache, memory, beams)

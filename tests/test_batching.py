@@ -14,7 +14,7 @@ from keras_transformer import cli
 from keras_transformer.config import ConfigError, DecodeConfig
 from keras_transformer.export import (RequestBatching, export_translator, load_translator,
                                       read_provenance)
-from keras_transformer.translator import SIGNATURES, Translator
+from keras_transformer.translator import SIGNATURES, Translator, signature_arguments
 from helpers import graph_ops, load_benchmark, seeded_tiny_model
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "", "Hallo",
@@ -44,7 +44,7 @@ def exports(translator, tmp_path_factory):
 
 
 def call(loaded, name, sentences):
-    outputs = loaded.signatures[name](source=tf.constant(sentences, tf.string))
+    outputs = loaded.signatures[name](**signature_arguments(name, sentences))
     return {key: value.numpy() for key, value in outputs.items()}
 
 
@@ -59,8 +59,9 @@ def test_the_export_batches_every_signature_and_says_so(exports):
     (plain_dir, _), (batching_dir, _) = exports
     assert "BatchFunction" in graph_ops(batching_dir)
     assert "BatchFunction" not in graph_ops(plain_dir)
-    # Each search stored once (greedy; beam, for its best and its n-best), not again unbatched.
-    assert load_benchmark("export").while_loop_count(batching_dir) == 2
+    # Each search stored once (greedy; beam, for its best and its n-best; sampling), not again
+    # unbatched.
+    assert load_benchmark("export").while_loop_count(batching_dir) == 3
     assert read_provenance(batching_dir)["request_batching"] == dataclasses.asdict(BATCHING)
     assert read_provenance(plain_dir)["request_batching"] is None
 

@@ -1,6 +1,7 @@
 """Tests of greedy and beam search, driven by scripted and random step functions (no model)."""
 
 import functools
+import inspect
 import itertools
 
 import math
@@ -10,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import decoding
+from keras_transformer.config import DecodeConfig
 
 START, END = 1, 2
 
@@ -103,6 +105,14 @@ def exhaustive_search(step_fn, sentence, vocab_size, cap, alpha):
                 score = step_fn.sequence_log_prob(sentence, tokens) / penalty(length, alpha)
                 results.append((score, tokens))
     return sorted(results, key=lambda r: -r[0])
+
+
+def exact_beam_search(*args, **kwargs):
+    """`decoding.beam_search` with the reference's default rule ("exact"; beam_full's patience
+    1) where a test does not name one (the package's default is `DecodeConfig`'s)."""
+    kwargs.setdefault("stopping", "exact")
+    kwargs.setdefault("patience", 1.0)
+    return decoding.beam_search(*args, **kwargs)
 
 
 def reference_beam_search(step_fn, sentence, vocab_size, beam_size, cap, alpha, stopping="exact",
@@ -240,7 +250,7 @@ def test_greedy_stops_when_every_sentence_has_ended():
 def test_beam_size_one_equals_greedy():
     vocab_size, max_decode_length, batch_size = 6, 8, 6
     step_fn = TableStep(0, vocab_size, max_decode_length, scale=1.0)
-    greedy_search, beam_search = tf.function(decoding.greedy_search), tf.function(decoding.beam_search)
+    greedy_search, beam_search = tf.function(decoding.greedy_search), tf.function(exact_beam_search)
     for seed in range(3):
         step_fn.reseed(seed)
         state = step_fn.initial_state(batch_size)
@@ -258,7 +268,7 @@ def test_beam_matches_numpy_reference_beam_search():
     """Pruning included: a small beam over a larger vocabulary, per-sentence caps, n-best."""
     vocab_size, max_decode_length, batch_size, beam_size = 8, 7, 4, 3
     caps = [7, 4, 6, 2]
-    search = tf.function(decoding.beam_search)
+    search = tf.function(exact_beam_search)
     step_fn = TableStep(0, vocab_size, max_decode_length, scale=1.0)
     for seed in range(3):
         step_fn.reseed(seed)
@@ -276,7 +286,7 @@ def test_beam_full_stopping_matches_numpy_reference(alpha):
     """fairseq's and CTranslate2's rule: a sentence stops once beam_size hypotheses finished."""
     vocab_size, max_decode_length, batch_size, beam_size = 8, 7, 4, 3
     caps = [7, 4, 6, 2]
-    search = tf.function(decoding.beam_search)
+    search = tf.function(exact_beam_search)
     differs = False
     step_fn = TableStep(0, vocab_size, max_decode_length, scale=1.0)
     for seed in range(4):
@@ -301,7 +311,7 @@ def test_beam_full_patience_matches_numpy_reference():
     bound holds); a patience that never comes gives the exact rule's results."""
     vocab_size, max_decode_length, batch_size, beam_size, alpha = 8, 7, 4, 3, 1.4
     caps = [7, 4, 6, 2]
-    search = tf.function(decoding.beam_search)
+    search = tf.function(exact_beam_search)
     outputs = {}
     step_fn = TableStep(0, vocab_size, max_decode_length, scale=1.0)
     for seed in range(4):
@@ -328,7 +338,7 @@ def test_beam_full_patience_matches_numpy_reference():
 def test_beam_search_rejects_a_patience_below_one():
     step_fn = TableStep(0, 8, 4, scale=1.0)
     with pytest.raises(ValueError, match="patience=0.5 must be >= 1"):
-        decoding.beam_search(step_fn, step_fn.initial_state(1), batch_size=1, beam_size=2,
+        exact_beam_search(step_fn, step_fn.initial_state(1), batch_size=1, beam_size=2,
                              max_decode_length=4, stopping="beam_full", patience=0.5)
 
 
@@ -339,7 +349,7 @@ def test_beam_model_score_at_least_greedy():
     vocab_size, max_decode_length, batch_size = 8, 7, 8
     beam_total = greedy_total = 0.0
     step_fn = TableStep(0, vocab_size, max_decode_length, scale=1.0)
-    greedy_search, beam_search = tf.function(decoding.greedy_search), tf.function(decoding.beam_search)
+    greedy_search, beam_search = tf.function(decoding.greedy_search), tf.function(exact_beam_search)
     for seed in range(3):
         step_fn.reseed(seed)
         state = step_fn.initial_state(batch_size)
@@ -363,7 +373,7 @@ def test_beam_model_score_at_least_greedy():
 def test_large_beam_equals_exhaustive_search(alpha):
     vocab_size, max_decode_length, batch_size, num_hypotheses = 4, 4, 3, 5
     caps = [4, 2, 3]
-    search = tf.function(decoding.beam_search)
+    search = tf.function(exact_beam_search)
     step_fn = TableStep(0, vocab_size, max_decode_length)
     for seed in range(3):
         step_fn.reseed(seed)
@@ -382,7 +392,7 @@ def test_beam_scores_match_rescored_ids():
     along with the hypotheses (the step function's logits depend on the prefix it carries)."""
     vocab_size, max_decode_length, batch_size, beam_size = 9, 10, 4, 4
     step_fn = TableStep(5, vocab_size, max_decode_length, scale=1.0)
-    ids, scores = tf.function(decoding.beam_search)(
+    ids, scores = tf.function(exact_beam_search)(
         step_fn, step_fn.initial_state(batch_size), batch_size=batch_size, beam_size=beam_size,
         max_decode_length=max_decode_length, alpha=0.6, num_hypotheses=beam_size)
     lengths = set()
@@ -398,7 +408,7 @@ def test_beam_scores_match_rescored_ids():
 def test_beam_n_best_sorted_and_distinct():
     vocab_size, max_decode_length, batch_size, beam_size = 7, 6, 3, 5
     step_fn = TableStep(3, vocab_size, max_decode_length, scale=1.0)
-    ids, scores = tf.function(decoding.beam_search)(
+    ids, scores = tf.function(exact_beam_search)(
         step_fn, step_fn.initial_state(batch_size), batch_size=batch_size, beam_size=beam_size,
         max_decode_length=max_decode_length, num_hypotheses=3)
     assert ids.shape == (batch_size, 3, max_decode_length) and scores.shape == (batch_size, 3)
@@ -420,7 +430,7 @@ def test_beam_stops_early_when_no_hypothesis_can_improve():
         end_logit = tf.where(step == 0, 0.0, 20.0)
         return tf.tile([[0.0, 0.0, end_logit, 1.0, 0.5]], [tf.shape(ids)[0], 1]), state
 
-    ids, scores = tf.function(decoding.beam_search)(step_fn, {}, batch_size=2, beam_size=3,
+    ids, scores = tf.function(exact_beam_search)(step_fn, {}, batch_size=2, beam_size=3,
                                                     max_decode_length=max_decode_length, num_hypotheses=3)
     assert int(calls.numpy()) == 2
     np.testing.assert_array_equal(ids[0, :, :2], [[3, END], [4, END], [0, END]])
@@ -431,7 +441,7 @@ def test_beam_n_best_beyond_possible_sequences_are_empty():
     def step_fn(ids, step, state):
         return tf.zeros([tf.shape(ids)[0], 3]), state
 
-    ids, scores = decoding.beam_search(step_fn, {}, batch_size=2, beam_size=4, max_decode_length=1, alpha=0.0,
+    ids, scores = exact_beam_search(step_fn, {}, batch_size=2, beam_size=4, max_decode_length=1, alpha=0.0,
                                        num_hypotheses=4)
     np.testing.assert_allclose(scores[:, :3], np.full([2, 3], -np.log(3.0)), rtol=1e-6)
     np.testing.assert_array_equal(scores[:, 3], [decoding.NEG_INF] * 2)
@@ -449,12 +459,12 @@ def test_context_rows_and_beams_argument():
         seen.append(beams)
         return step_fn(ids, step, state, context, beams)
 
-    ids, scores = decoding.beam_search(
+    ids, scores = exact_beam_search(
         recording_step, step_fn.initial_state(batch_size), context=step_fn.context(batch_size),
         batch_size=batch_size, beam_size=beam_size, max_decode_length=max_decode_length,
         num_hypotheses=beam_size)
     assert seen[0] == 1 and set(seen[1:]) == {beam_size}
-    expected_ids, expected_scores = decoding.beam_search(
+    expected_ids, expected_scores = exact_beam_search(
         TableStep(4, vocab_size, max_decode_length, scale=1.0), TableStep(
             4, vocab_size, max_decode_length, scale=1.0).initial_state(batch_size),
         batch_size=batch_size, beam_size=beam_size, max_decode_length=max_decode_length,
@@ -485,7 +495,7 @@ def test_growing_state_equals_fixed_state(search):
         run = tf.function(functools.partial(decoding.greedy_search, batch_size=batch_size,
                                             max_decode_length=max_decode_length))
     else:
-        run = tf.function(functools.partial(decoding.beam_search, batch_size=batch_size,
+        run = tf.function(functools.partial(exact_beam_search, batch_size=batch_size,
                                             beam_size=3, max_decode_length=max_decode_length, num_hypotheses=3))
     expected_ids, expected_scores = run(step_fn, fixed_state)
     ids, scores = run(growing_step, growing_state, state_shape_invariants=invariants)
@@ -531,7 +541,7 @@ def test_finished_sentences_leave_the_batch(search, with_context):
         run = tf.function(functools.partial(decoding.greedy_search, **kwargs))
     else:
         run = tf.function(functools.partial(
-            decoding.beam_search, beam_size=3, num_hypotheses=2, alpha=0.6, stopping=stopping,
+            exact_beam_search, beam_size=3, num_hypotheses=2, alpha=0.6, stopping=stopping,
             **kwargs))
     for seed in range(3):
         step_fn.reseed(seed)
@@ -568,7 +578,7 @@ def test_growing_state_and_empty_batch(search):
         if search == "beam":
             kwargs.update(beam_size=3, num_hypotheses=3)
         run = tf.function(functools.partial(
-            decoding.greedy_search if search == "greedy" else decoding.beam_search, **kwargs))
+            decoding.greedy_search if search == "greedy" else exact_beam_search, **kwargs))
         expected_ids, expected_scores = run(step_fn, step_fn.initial_state(batch_size))
         growing_state = {"history": tf.zeros([batch_size, 0], tf.int32),
                          "sentence": tf.range(batch_size, dtype=tf.int32)}
@@ -602,12 +612,12 @@ def test_top_log_probs_are_log_softmax_at_the_top_k():
 
 def test_beam_argument_checks():
     with pytest.raises(ValueError, match="stopping"):
-        decoding.beam_search(None, {}, batch_size=1, beam_size=2, max_decode_length=3,
+        exact_beam_search(None, {}, batch_size=1, beam_size=2, max_decode_length=3,
                              stopping="never")
     with pytest.raises(ValueError, match="num_hypotheses"):
-        decoding.beam_search(None, {}, batch_size=1, beam_size=2, max_decode_length=3, num_hypotheses=3)
+        exact_beam_search(None, {}, batch_size=1, beam_size=2, max_decode_length=3, num_hypotheses=3)
     with pytest.raises(ValueError, match="alpha"):
-        decoding.beam_search(None, {}, batch_size=1, beam_size=2, max_decode_length=3, alpha=-1.0)
+        exact_beam_search(None, {}, batch_size=1, beam_size=2, max_decode_length=3, alpha=-1.0)
 
 
 # Compilation and edge cases.
@@ -619,7 +629,7 @@ def test_batch_size_zero():
     ids, scores = tf.function(decoding.greedy_search)(
         step_fn, state, batch_size=0, max_decode_length=4)
     assert ids.shape == (0, 4) and scores.shape == (0,)
-    ids, scores = tf.function(decoding.beam_search)(
+    ids, scores = tf.function(exact_beam_search)(
         step_fn, state, batch_size=0, beam_size=3, max_decode_length=4, num_hypotheses=2)
     assert ids.shape == (0, 2, 4) and scores.shape == (0, 2)
 
@@ -632,12 +642,155 @@ def test_dynamic_batch_size_in_a_signature():
     def translate(sentence):
         batch_size = tf.shape(sentence)[0]
         state = {"history": tf.zeros([batch_size, 5], tf.int32), "sentence": sentence}
-        return decoding.beam_search(step_fn, state, batch_size=batch_size, beam_size=2,
+        return exact_beam_search(step_fn, state, batch_size=batch_size, beam_size=2,
                                     max_decode_length=5)
 
     ids, scores = translate(tf.range(3))
-    expected_ids, expected_scores = decoding.beam_search(
+    expected_ids, expected_scores = exact_beam_search(
         step_fn, step_fn.initial_state(3), batch_size=3, beam_size=2, max_decode_length=5)
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
     assert translate(tf.zeros([0], tf.int32))[0].shape == (0, 1, 5)
+
+
+# Sampling.
+
+
+def sample(step_fn, batch_size, seeds, max_decode_length, **options):
+    return tf.function(decoding.sampling_search)(
+        step_fn, step_fn.initial_state(batch_size), seeds=tf.constant(seeds, tf.int64),
+        batch_size=batch_size, max_decode_length=max_decode_length, **options)
+
+
+def test_sampling_draws_only_from_the_top_k_and_scores_log_p():
+    vocab_size, max_decode_length, batch_size, top_k = 9, 6, 16, 3
+    step_fn = TableStep(3, vocab_size, max_decode_length)
+    ids, scores = sample(step_fn, batch_size, range(batch_size), max_decode_length, top_k=top_k,
+                         temperature=1.5)
+    outside_top_2 = 0
+    for sentence in range(batch_size):
+        tokens, prefix = strip(ids[sentence].numpy()), [START]
+        for token in tokens:
+            ranks = np.argsort(-step_fn.log_probs(sentence, prefix), kind="stable")
+            assert token in ranks[:top_k], (sentence, prefix, token)
+            outside_top_2 += token not in ranks[:2]
+            prefix.append(token)
+        np.testing.assert_allclose(scores[sentence], step_fn.sequence_log_prob(sentence, tokens),
+                                   rtol=1e-5)
+    assert outside_top_2, "never drew the third token: the test lost its edge"
+
+
+def test_sampling_top_k_one_is_greedy_whatever_the_seed():
+    vocab_size, max_decode_length, batch_size = 7, 6, 5
+    step_fn = TableStep(0, vocab_size, max_decode_length)
+    greedy_ids, greedy_scores = decoding.greedy_search(
+        step_fn, step_fn.initial_state(batch_size), batch_size=batch_size,
+        max_decode_length=max_decode_length)
+    for seeds in ([0] * batch_size, [11, 3, 8, 2, 99]):
+        ids, scores = sample(step_fn, batch_size, seeds, max_decode_length, top_k=1,
+                             temperature=3.0)
+        np.testing.assert_array_equal(ids, greedy_ids)
+        np.testing.assert_allclose(scores, greedy_scores, rtol=1e-6)
+
+
+def test_sampling_is_reproducible_and_per_sentence():
+    """The same seeds give the same output; other seeds other outputs; a sentence's draws
+    depend on its own seed only, not on its row or its batch."""
+    vocab_size, max_decode_length, batch_size = 9, 8, 6
+    step_fn = TableStep(1, vocab_size, max_decode_length, scale=0.5)  # flat: varied samples
+
+    def same_function(batch_size):  # every row the same distribution (sentence 0's)
+        return {"history": tf.zeros([batch_size, max_decode_length], tf.int32),
+                "sentence": tf.zeros([batch_size], tf.int32)}
+
+    step_fn.initial_state = same_function
+    seeds = [5, 6, 7, 8, 9, 10]
+    first, _ = sample(step_fn, batch_size, seeds, max_decode_length)
+    again, _ = sample(step_fn, batch_size, seeds, max_decode_length)
+    other, _ = sample(step_fn, batch_size, [s + 100 for s in seeds], max_decode_length)
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+    assert len({tuple(row) for row in first.numpy()}) > 1  # distinct seeds, distinct samples
+    alone, _ = sample(step_fn, 1, [7], max_decode_length)
+    np.testing.assert_array_equal(alone[0], first[2])
+    reordered, _ = sample(step_fn, 3, [9, 7, 7], max_decode_length)
+    np.testing.assert_array_equal(reordered, first.numpy()[[4, 2, 2]])
+
+
+def test_sampling_frequencies_follow_the_distribution():
+    """4,000 one-token draws: the frequencies of the full distribution at temperature 1, of the
+    tempered one, and of the nucleus (top_p), each within 0.03 of its probability."""
+    logits = np.array([2.0, 0.0, 1.5, 1.0, 0.5, -1.0], np.float32)
+
+    def step_fn(ids, step, state):
+        return tf.tile(logits[None], [tf.shape(ids)[0], 1]), state
+
+    def frequencies(**options):
+        ids, _ = decoding.sampling_search(step_fn, {}, seeds=tf.range(4000, dtype=tf.int64),
+                                          batch_size=4000, max_decode_length=1, **options)
+        return np.bincount(ids[:, 0].numpy(), minlength=len(logits)) / 4000
+
+    def softmax(x):
+        return np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+
+    np.testing.assert_allclose(frequencies(), softmax(logits), atol=0.03)
+    np.testing.assert_allclose(frequencies(temperature=2.0), softmax(logits / 2), atol=0.03)
+    # Nucleus 0.75: tokens 0 and 2 hold 0.63 of the mass, token 3 brings it past 0.75.
+    probs = softmax(logits)
+    nucleus = np.where(np.isin(np.arange(len(logits)), [0, 2, 3]), probs, 0)
+    np.testing.assert_allclose(frequencies(top_p=0.75), nucleus / nucleus.sum(), atol=0.03)
+    assert frequencies(top_k=2, top_p=0.1)[0] == 1.0  # the first candidate is always kept
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(top_k=-1), "top_k=-1 must be an integer >= 0"),
+    (dict(temperature=0.0), "temperature=0.0 must be a finite number > 0"),
+    (dict(top_p=1.5), r"top_p=1.5 must be in \(0, 1\]"),
+    (dict(top_p=0.0), r"top_p=0.0 must be in \(0, 1\]")])
+def test_sampling_rejects_settings_out_of_range(options, message):
+    with pytest.raises(ValueError, match=message):
+        decoding.SamplingSearch(seeds=tf.constant([0], tf.int64), **options)
+
+
+# The strategy interface.
+
+
+def test_registered_strategies_and_the_factory_follow_the_config():
+    assert list(decoding.STRATEGIES) == ["greedy", "beam", "sampling"]
+    config = DecodeConfig(beam_size=3, alpha=1.2, stopping="exact", sampling_topk=5,
+                          sampling_temperature=0.7, sampling_topp=0.9)
+    beam = decoding.strategy_from_config("beam", config)
+    assert (beam.beam_size, beam.alpha, beam.stopping, beam.num_hypotheses) == (3, 1.2, "exact", 3)
+    sampling = decoding.strategy_from_config("sampling", config, seed=tf.constant([1], tf.int64))
+    assert (sampling.top_k, sampling.temperature, sampling.top_p) == (5, 0.7, 0.9)
+    assert isinstance(decoding.strategy_from_config("greedy"), decoding.GreedySearch)
+    with pytest.raises(ValueError, match="'nope' is not one of greedy, beam, sampling"):
+        decoding.strategy_from_config("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        decoding.register_strategy("beam")(decoding.GreedySearch)
+
+
+def test_the_search_defaults_are_the_config_defaults():
+    """`BeamSearch`, `beam_search` and `DecodeConfig` agree on every default."""
+    config, beam = DecodeConfig(), decoding.BeamSearch()
+    assert (beam.beam_size, beam.alpha, beam.stopping) == (
+        config.beam_size, config.alpha, config.stopping)
+    assert beam.finished_needed == math.ceil(config.patience * config.beam_size)
+    defaults = inspect.signature(decoding.beam_search).parameters
+    assert {name: defaults[name].default for name in ("beam_size", "alpha", "stopping",
+                                                      "patience")} == {
+        "beam_size": config.beam_size, "alpha": config.alpha, "stopping": config.stopping,
+        "patience": config.patience}
+
+
+def test_a_strategy_keeps_no_search_state_on_itself():
+    """One strategy object drives searches of different lengths, one after the other."""
+    vocab_size = 7
+    strategy = decoding.BeamSearch(2, alpha=0.0, num_hypotheses=2)
+    step_fn = TableStep(4, vocab_size, 6)
+    short = decoding.decode(strategy, step_fn, step_fn.initial_state(3), batch_size=3,
+                            max_decode_length=3)
+    long = decoding.decode(strategy, step_fn, step_fn.initial_state(3), batch_size=3,
+                           max_decode_length=6)
+    assert short[0].shape == (3, 2, 3) and long[0].shape == (3, 2, 6)
+    assert vars(strategy) == vars(decoding.BeamSearch(2, alpha=0.0, num_hypotheses=2))

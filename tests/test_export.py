@@ -19,7 +19,8 @@ from keras_transformer.decoding import NEG_INF
 from keras_transformer.tokenizers import SERVING_TF_TEXT_OPS
 from keras_transformer.export import WARMUP_FILE, export_translator, load_translator
 from keras_transformer.model import Transformer
-from keras_transformer.translator import SIGNATURE_INPUT, SIGNATURES, Translator
+from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, Translator,
+                                          signature_arguments, signature_inputs)
 from helpers import graph_ops, load_benchmark
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "", "  ", "Zwei Hunde spielen im Schnee.",
@@ -29,7 +30,8 @@ NO_WORDS = [1, 2, 8, 9]  # indices of SENTENCES without words
 BEAM_SIZE = 3
 
 # Runs in a fresh process: lists the ops TensorFlow core registers (before tensorflow_text is
-# imported), then loads the SavedModel as a user would and runs every signature.
+# imported), then loads the SavedModel as a user would and runs every signature (on the
+# sentences, and seeds 0, 1, ... where it takes seeds).
 _RELOAD_SCRIPT = r"""
 import json, sys
 import tensorflow as tf
@@ -40,10 +42,14 @@ core_ops = op_def_pb2.OpList.FromString(
 core_ops = sorted(op.name for op in core_ops.op)
 import tensorflow_text  # noqa: F401  every loader must register the tf-text ops first
 loaded = tf.saved_model.load(sys.argv[1])
-sentences = tf.constant(json.loads(sys.argv[2]))
+sentences = json.loads(sys.argv[2])
 outputs = {}
 for name in json.loads(sys.argv[3]):
-    result = loaded.signatures[name](source=sentences)
+    signature = loaded.signatures[name]
+    inputs = {"source": tf.constant(sentences)}
+    if "seed" in signature.structured_input_signature[1]:
+        inputs["seed"] = tf.range(len(sentences), dtype=tf.int64)
+    result = signature(**inputs)
     outputs[name] = {key: value.numpy().tolist() for key, value in result.items()}
 print("RESULT" + json.dumps({"core_ops": core_ops, "outputs": outputs}, default=bytes.decode))
 """
@@ -53,9 +59,13 @@ import sys
 import tensorflow_text  # noqa: F401  saved_model_cli does not register the tf-text ops itself
 from tensorflow.python.tools import saved_model_cli
 export_dir, inputs, out_root = sys.argv[1:4]
+count = len(eval(inputs))
 for signature in sys.argv[4:]:
+    exprs = "source=" + inputs
+    if signature == "translate_sampling":
+        exprs += f";seed={list(range(count))}"  # a literal: numpy makes it int64
     sys.argv = ["saved_model_cli", "run", "--dir", export_dir, "--tag_set", "serve",
-                "--signature_def", signature, "--input_exprs", "source=" + inputs,
+                "--signature_def", signature, "--input_exprs", exprs,
                 "--outdir", f"{out_root}/{signature}"]
     try:
         saved_model_cli.main()
@@ -74,11 +84,10 @@ def translator(random_translation_model):
 
 @pytest.fixture(scope="module")
 def eager_outputs(translator):
-    source = tf.constant(SENTENCES)
-    functions = {"serving_default": translator, "translate_greedy": translator.translate_greedy,
-                 "translate_beam": translator.translate_beam,
-                 "translate_nbest": translator.translate_nbest}
-    return {name: {k: v.numpy() for k, v in functions[name](source).items()} for name in SIGNATURES}
+    functions = translator.signatures()
+    return {name: {k: v.numpy() for k, v in functions[name](
+                **signature_arguments(name, SENTENCES)).items()}
+            for name in SIGNATURES}
 
 
 @pytest.fixture(scope="module")
@@ -141,18 +150,22 @@ def test_signatures_and_assets(export_dir):
     assert sorted(loaded.signatures) == sorted(SIGNATURES)
     for name in SIGNATURES:
         signature = loaded.signatures[name]
-        assert list(signature.structured_input_signature[1]) == [SIGNATURE_INPUT]
-        spec = signature.structured_input_signature[1][SIGNATURE_INPUT]
-        assert spec.shape.as_list() == [None] and spec.dtype == tf.string
+        specs = signature.structured_input_signature[1]
+        assert sorted(specs) == sorted(signature_inputs(name)), name
+        assert specs[SIGNATURE_INPUT].shape.as_list() == [None]
+        assert specs[SIGNATURE_INPUT].dtype == tf.string
+    seed = loaded.signatures["translate_sampling"].structured_input_signature[1]["seed"]
+    assert seed.shape.as_list() == [None] and seed.dtype == tf.int64
     assert (export_dir / "assets" / "sentencepiece.model").is_file()
 
 
 def test_each_search_is_stored_once(export_dir):
-    """Two decoding loops in the graph: greedy search and beam search, which the best-beam and
-    n-best signatures share. Signatures traced before `tf.saved_model.save`, or the searches as
-    tracked tf.functions, made the save trace them again and store copies (seven loops, twice
-    the graph, twice the load time); a search for the best beam alone was a third loop."""
-    assert load_benchmark("export").while_loop_count(export_dir) == 2
+    """One decoding loop per strategy in the graph: greedy search, beam search (which the
+    best-beam and n-best signatures share) and sampling. Signatures traced before
+    `tf.saved_model.save`, or the searches as tracked tf.functions, made the save trace them
+    again and store copies (seven loops for two strategies, twice the graph, twice the load
+    time); a search for the best beam alone was one more loop."""
+    assert load_benchmark("export").while_loop_count(export_dir) == 3
 
 
 def test_exported_signatures_skip_sources_without_words_and_normalize_them(export_dir):
@@ -167,16 +180,21 @@ def test_exported_signatures_skip_sources_without_words_and_normalize_them(expor
         else:
             texts_key, scores_key, no_words_score = "translation", "score", 0.0
         signature = loaded.signatures[name]
-        mixed = {k: v.numpy() for k, v in signature(source=tf.constant(SENTENCES)).items()}
+        mixed = {k: v.numpy() for k, v in signature(
+            **signature_arguments(name, SENTENCES)).items()}
         alone = {k: v.numpy() for k, v in signature(
-            source=tf.constant([SENTENCES[i] for i in NO_WORDS])).items()}
+            **signature_arguments(name, [SENTENCES[i] for i in NO_WORDS])).items()}
         for texts, scores in ((mixed[texts_key][NO_WORDS], mixed[scores_key][NO_WORDS]),
                               (alone[texts_key], alone[scores_key])):
             assert (texts == b"").all(), name
             np.testing.assert_array_equal(scores, np.broadcast_to(no_words_score, scores.shape))
         # The same words at another row of the batch: the same translation, and its score to
         # float32 rounding (the encoder packs the batch's real tokens, so that the sentence's
-        # rows fall elsewhere in the matmuls' blocks).
+        # rows fall elsewhere in the matmuls' blocks). Sampling draws by each row's seed.
+        if name == "translate_sampling":
+            mixed = {k: v.numpy() for k, v in signature(
+                source=tf.constant(SENTENCES), seed=tf.fill([len(SENTENCES)], tf.constant(
+                    5, tf.int64))).items()}
         np.testing.assert_array_equal(mixed[texts_key][tab], mixed[texts_key][0])
         np.testing.assert_allclose(mixed[scores_key][tab], mixed[scores_key][0], rtol=1e-6)
         assert np.all(mixed[scores_key][[0, 3]] < 0)  # sentences with words were decoded
@@ -200,21 +218,28 @@ def rest_predict(signature, body: str) -> str:
     """TF Serving's REST row format mapped onto a signature, as the model server does it.
 
     `{"instances": [...]}`: each instance is the value of the single input, or an object
-    `{"source": value}`; a value `{"b64": ...}` is base64-encoded bytes. The instances are stacked
-    into one batch; every output must have the batch as its first dimension; the response is
-    `{"predictions": [...]}` with one object per instance holding every output's row.
+    `{"source": value, ...}` with a value for every input; a string value `{"b64": ...}` is
+    base64-encoded bytes. The instances are stacked into one batch per input; every output must
+    have the batch as its first dimension; the response is `{"predictions": [...]}` with one
+    object per instance holding every output's row.
     """
     instances = json.loads(body)["instances"]
+    specs = signature.structured_input_signature[1]
 
-    def value(instance):
-        instance = instance[SIGNATURE_INPUT] if isinstance(instance, dict) and (
-            SIGNATURE_INPUT in instance) else instance
+    def value(instance, name):
+        if isinstance(instance, dict) and name in instance:
+            instance = instance[name]
+        elif len(specs) > 1:
+            raise ValueError(f"instance {instance!r} has no input {name!r}")
+        if specs[name].dtype != tf.string:
+            return instance
         if isinstance(instance, dict):
             return base64.b64decode(instance["b64"])
         return instance.encode("utf-8")
 
-    outputs = signature(**{SIGNATURE_INPUT: tf.constant([value(i) for i in instances],
-                                                        tf.string)})
+    outputs = signature(**{name: tf.constant([value(i, name) for i in instances], spec.dtype,
+                                             shape=[len(instances)])
+                           for name, spec in specs.items()})
     for key, tensor in outputs.items():
         if tensor.shape.rank == 0 or tensor.shape[0] != len(instances):
             raise ValueError(f"output {key} of shape {tensor.shape} is not batch-major")
@@ -248,6 +273,11 @@ def test_rest_row_format_request(export_dir, eager_outputs):
     assert [len(p["translations"]) for p in nbest["predictions"]] == [BEAM_SIZE] * 2
     empty = json.loads(rest_predict(loaded.signatures["translate_greedy"], '{"instances": []}'))
     assert empty == {"predictions": []}
+    sampled = json.loads(rest_predict(loaded.signatures["translate_sampling"], json.dumps(
+        {"instances": [{"source": SENTENCES[i], "seed": i} for i in (0, 1, 3)]})))
+    for prediction, index in zip(sampled["predictions"], (0, 1, 3)):
+        assert prediction["translation"] == (
+            eager_outputs["translate_sampling"]["translation"][index].decode())
 
 
 def test_warmup_requests_replay(export_dir):

@@ -1,8 +1,8 @@
 """`.. savedmodel-signatures:: MODULE`: a table of the SavedModel's signatures.
 
-Read from the translator module: the signature names from `SIGNATURES`, each signature's input
-from the `input_signature` of the `Translator` method that serves it (`__call__` for
-`serving_default`), and its description and outputs from the module docstring's listing
+Read from the translator module: the signature names from `SIGNATURES`, each signature's inputs
+from `signature_inputs(name)`, and its description and outputs from the module docstring's
+listing
 
     Exported signatures (...):
 
@@ -79,11 +79,7 @@ def signature_rows(module_name: str) -> list[tuple[str, str, str, str]]:
         if not outputs:
             logger.warning(f"{module_name}: the docstring gives no outputs for signature "
                            f"{name!r} ('-> name dtype [shape], ...')")
-        function = getattr(module.Translator, "__call__" if name == "serving_default" else name)
-        specs = getattr(function, "input_signature", None) or ()
-        if not specs:
-            logger.warning(f"{module_name}: Translator's function for {name!r} has no "
-                           "input_signature")
+        specs = module.signature_inputs(name).values()
         rows.append((name, ", ".join(spec_text(spec) for spec in specs),
                      ", ".join(f"{key}: {dtype} [{shape}]" for key, dtype, shape in outputs),
                      description))
