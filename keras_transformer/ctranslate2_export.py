@@ -116,6 +116,9 @@ def export_settings(model: Transformer, decode_config: DecodeConfig, quantizatio
         # decode.stopping "beam_full" does; "exact" has no patience (1 is CTranslate2's default).
         "patience": decode_config.patience if decode_config.stopping == "beam_full" else 1.0,
         "max_extra_length": decode_config.max_extra_length,
+        "sampling_topk": decode_config.sampling_topk,
+        "sampling_topp": decode_config.sampling_topp,
+        "sampling_temperature": decode_config.sampling_temperature,
         "max_positions": positions,
         "max_source_length": min(max_source_length or positions, positions),
         "source_start": "<s>",  # START and END around every source, as Tokenizer.tokenize does

@@ -106,6 +106,10 @@ class CTranslate2Translator:
             # older exports: CTranslate2's default patience, the source length of the table
             self.patience = float(self.settings.get("patience", 1.0))
             self.max_extra_length = int(self.settings["max_extra_length"])
+            # older exports: DecodeConfig's defaults (the full distribution at temperature 1)
+            self.sampling_topk = int(self.settings.get("sampling_topk", 0))
+            self.sampling_topp = float(self.settings.get("sampling_topp", 1.0))
+            self.sampling_temperature = float(self.settings.get("sampling_temperature", 1.0))
             self.max_positions = int(self.settings["max_positions"])
             self.max_source_length = int(self.settings.get("max_source_length",
                                                            self.max_positions))
@@ -124,6 +128,36 @@ class CTranslate2Translator:
         """Beam search: `{"translation": bytes [batch], "score": float32 [batch]}` with the
         length-normalized log P / lp as score."""
         best = [hypotheses[0] for hypotheses in self.beam_ids(batch)]
+        return {"translation": self._texts(best), "score": _scores(best)}
+
+    def translate_sampling(self, batch, seed: int = 0, *, top_k: int | None = None,
+                           top_p: float | None = None,
+                           temperature: float | None = None) -> dict:
+        """Random sampling with CTranslate2's `sampling_topk`, `sampling_topp` and
+        `sampling_temperature` (default: the export's decode settings):
+        `{"translation": bytes [batch], "score": float32 [batch]}`, score log P under the model.
+
+        Unlike the SavedModel's `translate_sampling`, which takes a seed per sentence and is
+        reproducible, this seeds CTranslate2's generator with `seed` for the call, and
+        CTranslate2's draws are not reproducible even so (OpenNMT/CTranslate2#1757, open for
+        4.x): the same call may sample other tokens. With `top_k` 1 it is greedy search, as
+        there. CTranslate2 scores a draw under the tempered distribution; the score here is
+        log P under the model's, from the logits CTranslate2 returns with the draws.
+        """
+        top_k = self.sampling_topk if top_k is None else top_k
+        options = dict(sampling_topk=top_k,
+                       sampling_topp=self.sampling_topp if top_p is None else top_p,
+                       sampling_temperature=(self.sampling_temperature if temperature is None
+                                             else temperature))
+        if not (isinstance(top_k, int) and top_k >= 0):
+            raise ConfigError(f"top_k={top_k!r} must be an integer >= 0 (0: every token)")
+        if not 0 < options["sampling_topp"] <= 1:
+            raise ConfigError(f"top_p={options['sampling_topp']!r} must be in (0, 1]")
+        if not options["sampling_temperature"] > 0:
+            raise ConfigError(f"temperature={options['sampling_temperature']!r} must be > 0")
+        ctranslate2.set_random_seed(int(seed))
+        best = self._translate(batch, lambda sources, cap: self._greedy(sources, cap, **options),
+                               not_decoded=([], 0.0))
         return {"translation": self._texts(best), "score": _scores(best)}
 
     def translate_nbest(self, batch) -> dict:
@@ -175,10 +209,24 @@ class CTranslate2Translator:
         """The most tokens generated for a source, END included."""
         return min(len(pieces) + 2 + self.max_extra_length, self.max_positions)
 
-    def _greedy(self, sources: list[list[str]], cap: int) -> list[tuple[list[int], float]]:
+    def _greedy(self, sources: list[list[str]], cap: int,
+                **sampling) -> list[tuple[list[int], float]]:
+        """One hypothesis per source and its log P: the most probable token each step, or with
+        `sampling` (CTranslate2's sampling_* options) a random one, scored from the model's
+        logits (CTranslate2 scores it under the sampling distribution)."""
         results = self.translator.translate_batch(
-            sources, beam_size=1, max_decoding_length=cap, **self.options)
-        return [self._hypotheses(result)[0] for result in results]
+            sources, beam_size=1, max_decoding_length=cap, **self.options, **sampling,
+            return_logits_vocab=bool(sampling))
+        if not sampling:
+            return [self._hypotheses(result)[0] for result in results]
+        hypotheses = []
+        for result in results:
+            ids = self._hypotheses(result)[0][0]
+            logits = np.stack([np.asarray(step, np.float32) for step in result.logits[0]])
+            log_probs = logits[np.arange(len(ids)), ids] - np.logaddexp.reduce(
+                logits.astype(np.float64), axis=-1)
+            hypotheses.append((ids, float(log_probs.sum())))
+        return hypotheses
 
     def _beam(self, sources: list[list[str]], cap: int, first_limit: int | None = None) -> list:
         """Beam search with our ranking and stopping rule; per source the `beam_size` best

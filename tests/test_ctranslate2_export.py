@@ -120,6 +120,49 @@ def test_greedy_matches_translator(models, tmp_path):
     np.testing.assert_allclose([score for _, score in found], scores.numpy(), atol=1e-3)
 
 
+def test_sampling_top_k_one_agrees_with_the_savedmodel_and_greedy(pre_norm_model, tmp_path):
+    """Where the definitions meet (top-k 1, any temperature and seed): CTranslate2's sampling,
+    the Translator's and greedy search give the same translations and log P."""
+    model, tokenizer = pre_norm_model
+    decode = DecodeConfig(max_extra_length=8, sampling_topk=1, sampling_temperature=1.7)
+    translator = Translator(model, tokenizer, tokenizer, decode)
+    ct2 = exact_ct2(export(model, tokenizer, tmp_path / "ct2", decode))
+    ours = translator.translate_sampling(tf.constant(SENTENCES),
+                                         tf.range(len(SENTENCES), dtype=tf.int64) * 977)
+    greedy = translator.translate_greedy(tf.constant(SENTENCES))
+    for seed in (0, 5):
+        theirs = ct2.translate_sampling(SENTENCES, seed)
+        assert texts(theirs["translation"]) == tf_texts(ours["translation"])
+        np.testing.assert_allclose(theirs["score"], ours["score"].numpy(), atol=1e-3)
+    assert tf_texts(ours["translation"]) == tf_texts(greedy["translation"])
+    np.testing.assert_allclose(ours["score"], greedy["score"], rtol=1e-6)
+
+
+def test_ctranslate2_sampling_stays_in_the_top_k_and_scores_log_p(pre_norm_model, tmp_path):
+    """Every drawn token is among the 4 most probable after its prefix, and the score is the
+    sum of the tokens' log-probabilities under the model (teacher forcing)."""
+    model, tokenizer = pre_norm_model
+    decode = DecodeConfig(max_extra_length=8, sampling_topk=4, sampling_temperature=2.0)
+    ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2", decode))
+    assert (ct2.sampling_topk, ct2.sampling_temperature, ct2.sampling_topp) == (4, 2.0, 1.0)
+    sampled = ct2._translate(SENTENCES, lambda sources, cap: ct2._greedy(
+        sources, cap, sampling_topk=4, sampling_temperature=2.0), not_decoded=([], 0.0))
+    source_ids = Translator(model, tokenizer, tokenizer, decode).source_ids(tf.constant(SENTENCES))
+    outside_top_1 = 0
+    for row, (ids, score) in enumerate(sampled):
+        target_in = tf.constant([[1] + ids[:-1]])
+        logits = model((source_ids[row:row + 1], target_in), training=False)[0].numpy()
+        log_probs = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+        for position, token in enumerate(ids):
+            assert token in np.argsort(-logits[position])[:4]
+            outside_top_1 += token != np.argmax(logits[position])
+        assert score == pytest.approx(sum(log_probs[range(len(ids)), ids]), abs=1e-3)
+    assert outside_top_1  # it did sample
+    assert len(ct2.translate_sampling(SENTENCES, 3)["translation"]) == len(SENTENCES)
+    with pytest.raises(ConfigError, match=r"top_p=0 must be in \(0, 1\]"):
+        ct2.translate_sampling(SENTENCES, 0, top_p=0)
+
+
 @pytest.mark.parametrize("options", [dict(activation="gelu", norm="pre", share="all"),
                                      dict(num_layers=3, num_decoder_layers=1)])
 def test_model_options_export_with_the_savedmodels_ids(sentencepiece_tokenizers, options,
@@ -251,6 +294,7 @@ def test_settings_file_and_layout(random_translation_model, tmp_path):
     assert settings == {
         "beam_size": 4, "alpha": 0.6, "patience": 1.0, "max_extra_length": 8,
         "max_positions": MAX_LENGTH, "max_source_length": MAX_LENGTH,
+        "sampling_topk": 0, "sampling_topp": 1.0, "sampling_temperature": 1.0,
         "source_start": "<s>", "source_end": "</s>", "sentencepiece_model": "sentencepiece.model",
         "quantization": "float32", "run": "runs/tiny", "weights": "best"}
     assert (folder / "sentencepiece.model").is_file() and (folder / "model.bin").is_file()
