@@ -144,6 +144,14 @@ class CTranslate2Translator:
         there. CTranslate2 scores a draw under the tempered distribution; the score here is
         log P under the model's, from the logits CTranslate2 returns with the draws.
         """
+        best = self.sample_ids(batch, seed, top_k=top_k, top_p=top_p, temperature=temperature)
+        return {"translation": self._texts(best), "score": _scores(best)}
+
+    def sample_ids(self, batch, seed: int = 0, *, top_k: int | None = None,
+                   top_p: float | None = None,
+                   temperature: float | None = None) -> list[tuple[list[int], float]]:
+        """Per sentence (output ids, END included where produced; log P): the draws of
+        `translate_sampling`."""
         top_k = self.sampling_topk if top_k is None else top_k
         options = dict(sampling_topk=top_k,
                        sampling_topp=self.sampling_topp if top_p is None else top_p,
@@ -156,9 +164,10 @@ class CTranslate2Translator:
         if not options["sampling_temperature"] > 0:
             raise ConfigError(f"temperature={options['sampling_temperature']!r} must be > 0")
         ctranslate2.set_random_seed(int(seed))
-        best = self._translate(batch, lambda sources, cap: self._greedy(sources, cap, **options),
-                               not_decoded=([], 0.0))
-        return {"translation": self._texts(best), "score": _scores(best)}
+        drawn = self._translate(batch, lambda sources, cap: self._sample(sources, cap, **options),
+                                not_decoded=([], np.zeros(0)))
+        # Each output's log P up to its own cap (a batch is decoded to its longest cap).
+        return [(ids, float(np.sum(log_probs[:len(ids)]))) for ids, log_probs in drawn]
 
     def translate_nbest(self, batch) -> dict:
         """The `beam_size` best hypotheses, best first: `{"translations": bytes [batch, beam],
@@ -209,24 +218,26 @@ class CTranslate2Translator:
         """The most tokens generated for a source, END included."""
         return min(len(pieces) + 2 + self.max_extra_length, self.max_positions)
 
-    def _greedy(self, sources: list[list[str]], cap: int,
-                **sampling) -> list[tuple[list[int], float]]:
-        """One hypothesis per source and its log P: the most probable token each step, or with
-        `sampling` (CTranslate2's sampling_* options) a random one, scored from the model's
-        logits (CTranslate2 scores it under the sampling distribution)."""
+    def _greedy(self, sources: list[list[str]], cap: int) -> list[tuple[list[int], float]]:
+        results = self.translator.translate_batch(
+            sources, beam_size=1, max_decoding_length=cap, **self.options)
+        return [self._hypotheses(result)[0] for result in results]
+
+    def _sample(self, sources: list[list[str]], cap: int,
+                **sampling) -> list[tuple[list[int], np.ndarray]]:
+        """One draw per source (CTranslate2's sampling_* options): (ids, each token's log P
+        under the model, from the logits CTranslate2 returns; its own scores are under the
+        sampling distribution)."""
         results = self.translator.translate_batch(
             sources, beam_size=1, max_decoding_length=cap, **self.options, **sampling,
-            return_logits_vocab=bool(sampling))
-        if not sampling:
-            return [self._hypotheses(result)[0] for result in results]
-        hypotheses = []
+            return_logits_vocab=True)
+        draws = []
         for result in results:
             ids = self._hypotheses(result)[0][0]
-            logits = np.stack([np.asarray(step, np.float32) for step in result.logits[0]])
-            log_probs = logits[np.arange(len(ids)), ids] - np.logaddexp.reduce(
-                logits.astype(np.float64), axis=-1)
-            hypotheses.append((ids, float(log_probs.sum())))
-        return hypotheses
+            logits = np.stack([np.asarray(step, np.float64) for step in result.logits[0]])
+            draws.append((ids, logits[np.arange(len(ids)), ids]
+                          - np.logaddexp.reduce(logits, axis=-1)))
+        return draws
 
     def _beam(self, sources: list[list[str]], cap: int, first_limit: int | None = None) -> list:
         """Beam search with our ranking and stopping rule; per source the `beam_size` best

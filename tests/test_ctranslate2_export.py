@@ -145,8 +145,7 @@ def test_ctranslate2_sampling_stays_in_the_top_k_and_scores_log_p(pre_norm_model
     decode = DecodeConfig(max_extra_length=8, sampling_topk=4, sampling_temperature=2.0)
     ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2", decode))
     assert (ct2.sampling_topk, ct2.sampling_temperature, ct2.sampling_topp) == (4, 2.0, 1.0)
-    sampled = ct2._translate(SENTENCES, lambda sources, cap: ct2._greedy(
-        sources, cap, sampling_topk=4, sampling_temperature=2.0), not_decoded=([], 0.0))
+    sampled = ct2.sample_ids(SENTENCES, 3)
     source_ids = Translator(model, tokenizer, tokenizer, decode).source_ids(tf.constant(SENTENCES))
     outside_top_1 = 0
     for row, (ids, score) in enumerate(sampled):
@@ -158,9 +157,9 @@ def test_ctranslate2_sampling_stays_in_the_top_k_and_scores_log_p(pre_norm_model
             outside_top_1 += token != np.argmax(logits[position])
         assert score == pytest.approx(sum(log_probs[range(len(ids)), ids]), abs=1e-3)
     assert outside_top_1  # it did sample
-    assert len(ct2.translate_sampling(SENTENCES, 3)["translation"]) == len(SENTENCES)
     with pytest.raises(ConfigError, match=r"top_p=0 must be in \(0, 1\]"):
         ct2.translate_sampling(SENTENCES, 0, top_p=0)
+    assert ct2.translate_sampling([])["translation"].shape == (0,)
 
 
 @pytest.mark.parametrize("options", [dict(activation="gelu", norm="pre", share="all"),
