@@ -9,6 +9,8 @@
     keras-transformer export --run runs/NAME --output saved_models/NAME [--version N] [--beam K]
     keras-transformer export --run runs/NAME --format ctranslate2 [--quantization int8] --output DIR
     keras-transformer translate --model saved_models/NAME/1 [--beam K | --greedy] < in > out
+    keras-transformer translate --model M --sampling [--sampling-topk K] [--seed S] \
+        --source FILE --output FILE [--shard I/N]   (a corpus: resumable, sharded)
     keras-transformer evaluate --model saved_models/NAME/1 --source FILE --reference FILE
     keras-transformer tune-search --run runs/NAME --source VAL --reference VAL --beam 4,5 --alpha 0.6,1
 
@@ -173,14 +175,33 @@ def _export(args) -> int:
     return 0
 
 
+SAMPLING_FLAGS = {"sampling_topk": "--sampling-topk", "sampling_topp": "--sampling-topp",
+                  "sampling_temperature": "--sampling-temperature"}
+
+
+def _search_name(args) -> str:
+    return "greedy" if args.greedy else "sampling" if args.sampling else "beam"
+
+
+def _sampling_settings(args) -> dict:
+    """The --sampling-* values given: `{decode setting: value}`."""
+    given = {key: getattr(args, key) for key in SAMPLING_FLAGS if getattr(args, key) is not None}
+    if given and not args.sampling:
+        raise ConfigError(f"{SAMPLING_FLAGS[next(iter(given))]} is for --sampling")
+    return given
+
+
 def _translate_function(args):
     """The `string [batch] -> {"translation": ...}` function chosen by --model/--run and
-    --beam/--greedy. An exported model's beam size is fixed at export: --beam must match it."""
+    --beam/--greedy/--sampling (with --sampling: `(string [batch], seeds int64 [batch]) -> ...`).
+    An exported model's beam size and sampling settings are fixed at export: --beam and
+    --sampling-* must match them (CTranslate2 exports take any)."""
+    sampling = _sampling_settings(args)
     if args.run_dir:
         from keras_transformer.translator import translator_from_run
 
         module = translator_from_run(args.run_dir, weights=args.weights or "best",
-                                     beam_size=args.beam)
+                                     beam_size=args.beam, **sampling)
     else:
         from keras_transformer.export import load_any
 
@@ -194,10 +215,35 @@ def _translate_function(args):
                 raise ConfigError(
                     f"--beam {args.beam}: {args.model} was exported with beam size {exported};"
                     f" export again with --beam {args.beam}, or use --run")
-    name = "translate_greedy" if args.greedy else "translate_beam"
+        if args.sampling and hasattr(module, "sample_ids"):  # CTranslate2: settings per call
+            names = {"sampling_topk": "top_k", "sampling_topp": "top_p",
+                     "sampling_temperature": "temperature"}
+            options = {names[key]: value for key, value in sampling.items()}
+            # CTranslate2 seeds a call, not a sentence: the batch's first seed.
+            return lambda batch, seeds: module.translate_sampling(batch, int(seeds[0]),
+                                                                  **options)
+        if args.sampling:
+            _check_exported_sampling(args.model, module, sampling)
+    name = f"translate_{_search_name(args)}"
     # The closure keeps `module` alive: a tf.function bound to a collected module fails, and a
     # loaded SavedModel's variables are deleted with it.
-    return lambda batch: getattr(module, name)(batch)
+    return lambda *inputs: getattr(module, name)(*inputs)
+
+
+def _check_exported_sampling(model_dir, module, sampling: dict) -> None:
+    """ConfigError unless the SavedModel has `translate_sampling` with the --sampling-* values
+    given (its settings are fixed at export, recorded in its provenance)."""
+    from keras_transformer.export import read_provenance
+
+    if not hasattr(module, "translate_sampling"):
+        raise ConfigError(f"--sampling: {model_dir} was exported before sampling existed; "
+                          "export it again, or use --run")
+    exported = read_provenance(model_dir).get("search", {})
+    for key, value in sampling.items():
+        if exported.get(key) != value:
+            raise ConfigError(f"{SAMPLING_FLAGS[key]} {value}: {model_dir} was exported with "
+                              f"{key} {exported.get(key)}; export again with --set "
+                              f"decode.{key}={value}, or use --run")
 
 
 def _strings(lines):
@@ -207,22 +253,31 @@ def _strings(lines):
 
 
 class _Progress:
-    """A one-line progress bar on stderr: `translated 340/1000 sentences (34%), 120.5/s`."""
+    """A one-line progress bar on stderr:
+    `translated 340/1000 sentences (34%), 120.5/s, 0:00:05 left`; the rate counts the sentences
+    of this run (not those a resumed job had already translated)."""
 
-    def __init__(self, total: int, stream=None):
+    def __init__(self, total: int, stream=None, done: int = 0):
         import time
 
-        self.total, self.done, self.clock = total, 0, time.perf_counter
+        self.total, self.done, self.first, self.clock = total, done, done, time.perf_counter
         self.stream = stream or sys.stderr
         self.start = self.clock()
 
     def __call__(self, count: int) -> None:
-        self.done += count
-        rate = self.done / max(self.clock() - self.start, 1e-9)
-        percent = 100 * self.done // max(self.total, 1)
-        end = "\n" if self.done >= self.total else ""
-        print(f"\rtranslated {self.done}/{self.total} sentences ({percent}%), {rate:.1f}/s",
-              end=end, file=self.stream, flush=True)
+        self.show(self.done + count)
+
+    def show(self, done: int) -> None:
+        import datetime
+
+        self.done = done
+        rate = (done - self.first) / max(self.clock() - self.start, 1e-9)
+        percent = 100 * done // max(self.total, 1)
+        left = ("?" if rate <= 0 else
+                str(datetime.timedelta(seconds=round((self.total - done) / rate))))
+        end = "\n" if done >= self.total else ""
+        print(f"\rtranslated {done}/{self.total} sentences ({percent}%), {rate:.1f}/s, "
+              f"{left} left", end=end, file=self.stream, flush=True)
 
 
 def _translate_lines(args, lines):
@@ -230,8 +285,9 @@ def _translate_lines(args, lines):
 
     translate = _translate_function(args)
     progress = _Progress(len(lines)) if not args.quiet else None
+    seeds = [args.seed + line for line in range(len(lines))] if args.sampling else None
     return translate_texts(translate, lines, batch_size=args.batch_size, progress=progress,
-                           workers=args.workers)
+                           workers=args.workers, seeds=seeds)
 
 
 def _read_lines(path, command: str) -> list[str]:
@@ -291,8 +347,45 @@ def _read_aligned(source_path, reference_path, command: str) -> tuple[list[str],
 
 
 def _translate(args) -> int:
-    lines = _read_user_lines(None, args.command)
+    if args.shard is not None and args.output is None:
+        raise ConfigError("--shard is for --source FILE --output FILE")
+    if args.output is not None:
+        return _translate_file(args)
+    lines = _read_user_lines(args.source, args.command)
     _write_lines(_translate_lines(args, lines))
+    return 0
+
+
+def _translate_file(args) -> int:
+    """--source FILE --output FILE: `bulk_translation.translate_file`, resumable and sharded."""
+    from keras_transformer.bulk_translation import Shard, translate_file
+
+    if args.source is None:
+        raise ConfigError("--output is for --source FILE (standard input is not resumable)")
+    shard = Shard.parse(args.shard) if args.shard else Shard()
+    settings = {"model": str(args.model or args.run_dir), "weights": args.weights,
+                "search": _search_name(args), "beam": args.beam,
+                **{key: getattr(args, key) for key in SAMPLING_FLAGS}}
+    translate = _translate_function(args)
+    progress = None
+    if not args.quiet:
+        bar = None
+
+        def progress(done, total):
+            nonlocal bar
+            if bar is None:
+                bar = _Progress(total, done=done)
+                if done:
+                    print(f"keras-transformer translate: {args.output} holds {done} lines; "
+                          "resuming", file=sys.stderr)
+            bar.show(done)
+
+    result = translate_file(translate, args.source, args.output, settings=settings,
+                            shard=shard, seed=args.seed if args.sampling else None,
+                            batch_size=args.batch_size, workers=args.workers,
+                            progress=progress)
+    print(f"keras-transformer translate: wrote {result['lines']} lines to {args.output}",
+          file=sys.stderr)
     return 0
 
 
@@ -396,6 +489,20 @@ def _patiences(text: str) -> list[float]:
     return _numbers(text, 1, "patience")
 
 
+def _probability(text: str) -> float:
+    value = _numbers(text, 0, "probability")[0] if "," not in text else -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be a number in (0, 1]")
+    return value
+
+
+def _temperature(text: str) -> float:
+    value = _numbers(text, 0, "temperature")[0] if "," not in text else 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number > 0")
+    return value
+
+
 def _positive_int(text: str) -> int:
     return _int_at_least(text, 1)
 
@@ -424,6 +531,21 @@ def _add_translator_arguments(parser):
     search.add_argument("--beam", type=_positive_int, metavar="K",
                         help="beam size (default: the run's decode.beam_size, or the export's)")
     search.add_argument("--greedy", action="store_true", help="greedy search")
+    search.add_argument("--sampling", action="store_true",
+                        help="random sampling (back-translation): the run's or export's "
+                             "decode.sampling_* settings, or those below")
+    parser.add_argument("--sampling-topk", dest="sampling_topk", type=_non_negative_int,
+                        metavar="K", help="with --sampling: draw from the K most probable "
+                                          "tokens (0: all)")
+    parser.add_argument("--sampling-topp", dest="sampling_topp", type=_probability,
+                        metavar="P", help="with --sampling: then from the smallest set of "
+                                          "them whose probability reaches P (nucleus)")
+    parser.add_argument("--sampling-temperature", dest="sampling_temperature",
+                        type=_temperature, metavar="T",
+                        help="with --sampling: divide the logits by T")
+    parser.add_argument("--seed", type=_non_negative_int, default=0,
+                        help="with --sampling: line k of the input is sampled with seed "
+                             "SEED + k (default 0), whatever the batching or shard")
     parser.add_argument("--weights",
                         help="with --run: best, last, or a weight file (default: best)")
     parser.add_argument("--batch-size", type=_positive_int, default=64,
@@ -518,8 +640,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "THREADS batches at once: the serving machine's cores")
     export.set_defaults(run=_export)
 
-    translate = commands.add_parser("translate", help="translate stdin to stdout, line by line")
+    translate = commands.add_parser(
+        "translate", help="translate stdin (or --source) to stdout (or --output), line by line")
     _add_translator_arguments(translate)
+    translate.add_argument("--source", help="input file (plain or .gz; default: stdin)")
+    translate.add_argument("--output", help="output file, written in chunks as they finish: "
+                           "a killed job run again resumes at its first untranslated line")
+    translate.add_argument("--shard", metavar="I/N", help="with --output: translate the I-th "
+                           "of N contiguous slices of --source (0 <= I < N)")
     translate.set_defaults(run=_translate)
 
     evaluate = commands.add_parser("evaluate", help="sacreBLEU and chrF of a model on files")

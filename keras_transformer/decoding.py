@@ -366,11 +366,14 @@ class SamplingSearch(_OneHypothesis):
     scale samples (Edunov et al. 2018, arXiv:1808.09381).
 
     Every sentence has its own seed, and its draws depend only on its seed, the step and its
-    own logits: a sentence samples the same tokens alone or in any batch, so a corpus
-    translated in any batching, shards or resumed pieces gives the same output. The uniform
-    number of a draw is a hash of (seed, step) (`_uniform`): TensorFlow's stateless random ops
-    take one seed per op, not one per row. The draw is the inverse of the truncated
-    distribution's cumulative sum at that number.
+    own logits, not on its row or on the other sentences of its batch. The uniform number of a
+    draw is a hash of (seed, step) (`_uniform`): TensorFlow's stateless random ops take one
+    seed per op, not one per row. The draw is the inverse of the (truncated) distribution's
+    cumulative sum at that number: over the vocabulary in id order without truncation, over
+    the candidates sorted by probability with it. A model's logits for a sentence may differ
+    between batches in their last float32 bits (kernels block rows by batch size), which can
+    move a draw that falls at an interval's edge, as it can move a greedy choice between
+    near-equal tokens.
 
     With `top_k` 1 it is greedy search, whatever the seed. Scores are as greedy search's: the
     sum of the chosen tokens' log-probabilities under the model (temperature 1, no truncation).
@@ -412,23 +415,34 @@ class SamplingSearch(_OneHypothesis):
         top_k = tf.convert_to_tensor(self.top_k, tf.int32)
         k = tf.where((top_k > 0) & (top_k < vocab_size), top_k, vocab_size)
         top_p = tf.convert_to_tensor(self.top_p, tf.float32)
-        candidates, ids = tf.math.top_k(
-            logits / tf.convert_to_tensor(self.temperature, tf.float32), k=k)  # [n, k]
-        probs = tf.nn.softmax(candidates)
-        # Nucleus: keep a candidate while the more probable ones sum to less than top_p (the
-        # first is always kept); `kept` counts the candidates in the prefix.
-        before = tf.math.cumsum(probs, axis=1, exclusive=True)
-        in_nucleus = before < top_p
-        kept = tf.reduce_sum(tf.cast(in_nucleus, tf.int32), axis=1)  # [n], >= 1
-        cumulative = tf.math.cumsum(tf.where(in_nucleus, probs, 0.0), axis=1)
-        target = _uniform(search["seeds"], step) * cumulative[:, -1:]  # [n, 1]
-        # The first candidate whose cumulative sum passes the target (never past the nucleus:
-        # rounding may put the target at the total).
-        position = tf.minimum(
-            tf.reduce_sum(tf.cast(cumulative <= target, tf.int32), axis=1), kept - 1)
-        chosen = tf.gather(ids, position[:, None], batch_dims=1)[:, 0]  # [n]
+        scaled = logits / tf.convert_to_tensor(self.temperature, tf.float32)
+        uniform = _uniform(search["seeds"], step)  # [n, 1]
+
+        def every_token():  # no truncation: the vocabulary in id order, no sort
+            return _inverse_cdf(tf.nn.softmax(scaled), uniform)
+
+        def truncated():
+            candidates, ids = tf.math.top_k(scaled, k=k)  # [n, k], most probable first
+            probs = tf.nn.softmax(candidates)
+            # Nucleus: keep a candidate while the more probable ones sum to less than top_p
+            # (the first is always kept).
+            in_nucleus = tf.math.cumsum(probs, axis=1, exclusive=True) < top_p
+            position = _inverse_cdf(tf.where(in_nucleus, probs, 0.0), uniform)
+            return tf.gather(ids, position[:, None], batch_dims=1)[:, 0]
+
+        chosen = tf.cond((k == vocab_size) & (top_p >= 1.0), every_token, truncated)  # [n]
         log_probs = tf.gather(tf.nn.log_softmax(logits), chosen[:, None], batch_dims=1)[:, 0]
         return chosen, log_probs
+
+
+def _inverse_cdf(probs, uniform):
+    """The index whose interval of the cumulative sum of `probs` float32 `[n, m]` (rows of
+    nonnegative weights, not necessarily normalized) holds `uniform` float32 `[n, 1]` in [0, 1)
+    times the row's total: int32 `[n]`. A zero weight's interval is empty, so it is never
+    chosen: the cumulative sum is monotone and its last value exceeds the target."""
+    cumulative = tf.math.cumsum(probs, axis=1)
+    target = uniform * cumulative[:, -1:]
+    return tf.reduce_sum(tf.cast(cumulative <= target, tf.int32), axis=1)
 
 
 def decode(strategy: DecodingStrategy, symbols_to_logits_fn, initial_state, *, batch_size,

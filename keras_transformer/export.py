@@ -169,7 +169,9 @@ def translator_provenance(translator: Translator) -> dict:
         "search": {"serving_default": f"beam search, beam {decode.beam_size}",
                    "beam_size": decode.beam_size, "alpha": decode.alpha,
                    "length_penalty": "((5 + |Y|) / 6) ** alpha, |Y| counting END (GNMT)",
-                   "stopping": f"{decode.stopping} ({translator.stopping_rule})"},
+                   "stopping": f"{decode.stopping} ({translator.stopping_rule})",
+                   "sampling_topk": decode.sampling_topk, "sampling_topp": decode.sampling_topp,
+                   "sampling_temperature": decode.sampling_temperature},
         "length_rule": (f"output <= source tokens (with START/END) + {decode.max_extra_length}, "
                         f"capped at {translator.model.config.max_positions} positions; sources "
                         f"truncated to {translator.max_source_length} tokens (END kept)"),

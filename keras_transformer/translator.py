@@ -345,20 +345,25 @@ def _shared_variables(tensors: list) -> list:
 # ----------------------------------------------------------------------------- running it
 
 def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
-                        beam_size: int | None = None, alpha: float | None = None) -> Translator:
+                        beam_size: int | None = None, alpha: float | None = None,
+                        **decode_settings) -> Translator:
     """A Translator over a training run's never-compiled model and tokenizers, its weights
     frozen (`Translator(frozen_weights=True)`).
 
     Args:
         run_dir: a folder written by `training.train`.
         weights: "best", "last", or a weight file's path.
-        beam_size, alpha: override the run's `decode` settings.
+        beam_size, alpha, decode_settings: override the run's `decode` settings (None: keep
+            the run's), e.g. `sampling_topk=10`.
     """
     run = Run(run_dir)
     config = run.config
-    decode_config = dataclasses.replace(
-        config.decode, beam_size=config.decode.beam_size if beam_size is None else beam_size,
-        alpha=config.decode.alpha if alpha is None else alpha)
+    overrides = {key: value for key, value in dict(
+        decode_settings, beam_size=beam_size, alpha=alpha).items() if value is not None}
+    try:
+        decode_config = dataclasses.replace(config.decode, **overrides)
+    except TypeError as error:  # an unknown setting: a bug of the caller
+        raise ValueError(f"not a decode setting: {error}") from None
     source_tokenizer, target_tokenizer = run.tokenizers()
     model = run.load_model(weights)
     return Translator(model, source_tokenizer, target_tokenizer, decode_config,
@@ -367,22 +372,30 @@ def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
 
 def translate_texts(translate: TranslateFn, sentences: Sequence[str], *,
                     batch_size: int = 64, progress: Callable[[int], None] | None = None,
-                    workers: int = 1) -> list[str]:
+                    workers: int = 1, seeds: Sequence[int] | None = None) -> list[str]:
     """Translates `sentences` in batches of similar length; returns them in input order.
 
     Sorting by length keeps padding, and wasted decoder steps, small. `translate` is a Translator
-    signature (`translate_greedy`, `translate_beam`, or a loaded SavedModel's function).
-    `workers` > 1 runs that many batches at once from a thread pool, as concurrent requests to a
-    server would (TensorFlow releases the GIL while a batch runs).
+    signature (`translate_greedy`, `translate_beam`, or a loaded SavedModel's function); with
+    `seeds` (one per sentence, as `translate_sampling` takes them) it is called as
+    `translate(batch, seeds int64 [batch])`. `workers` > 1 runs that many batches at once from a
+    thread pool, as concurrent requests to a server would (TensorFlow releases the GIL while a
+    batch runs).
     """
     if batch_size < 1 or workers < 1:
         raise ValueError(f"batch_size={batch_size} and workers={workers} must be >= 1")
+    if seeds is not None and len(seeds) != len(sentences):
+        raise ValueError(f"{len(seeds)} seeds for {len(sentences)} sentences")
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i].split()))
     batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
 
     def run(indices):
         batch = tf.constant([sentences[i] for i in indices], tf.string)
-        outputs = translate(batch)["translation"]
+        if seeds is None:
+            outputs = translate(batch)["translation"]
+        else:
+            outputs = translate(batch, tf.constant([seeds[i] for i in indices], tf.int64))[
+                "translation"]
         return indices, outputs.numpy() if hasattr(outputs, "numpy") else outputs
 
     results: list[str] = [""] * len(sentences)

@@ -1,0 +1,159 @@
+"""Translating a corpus file: sharded, resumable, in length-sorted batches, output in input order.
+
+    translate_file(translate, "captions.de", "captions.en", shard=Shard(0, 4), seed=1)
+
+Back-translation translates hundreds of thousands of lines at a time, so a job must survive a
+kill and split across machines:
+
+- The shard's lines are read in chunks of `chunk_size`; each chunk is translated in batches of
+  similar length (`translator.translate_texts`) and appended to the output in input order, then
+  flushed to disk. A killed job leaves whole chunks, plus at most one cut line, which the next
+  run removes before it resumes at the first untranslated line.
+- A record beside the output (`OUTPUT.resume.json`: source, shard, search settings) says that
+  the output is unfinished, and which job it belongs to; it is removed when the shard is done. A
+  run refuses an output it did not start, and one started with other settings.
+- `Shard(i, n)` takes the i-th of n contiguous slices of the file, so that the outputs of
+  shards 0 .. n-1, concatenated in order, are the translation of the whole file.
+- With a `seed`, sentence k of the file (counting from 0, whatever the shard, chunk or batch)
+  gets seed `seed + k`: a sampled translation does not depend on how the file was split.
+
+Empty and over-long lines are translated as the export translates them ("" for a line without
+words; sources truncated to the model's positions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from keras_transformer.config import ConfigError
+from keras_transformer.text_io import DataError, one_line, read_user_lines
+from keras_transformer.translator import TranslateFn, translate_texts
+
+CHUNK_SIZE = 4096  # lines sorted and written together (the loss of a kill, at most)
+RESUME_SUFFIX = ".resume.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """The `index`-th of `count` contiguous slices of a file's lines (`"I/N"` on the command
+    line); slice sizes differ by at most one line."""
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self):
+        if not (self.count >= 1 and 0 <= self.index < self.count):
+            raise ConfigError(f"--shard {self.index}/{self.count}: needs 0 <= I < N")
+
+    @classmethod
+    def parse(cls, text: str) -> "Shard":
+        index, _, count = text.partition("/")
+        if not (index.isdigit() and count.isdigit()):
+            raise ConfigError(f"--shard {text!r}: expected I/N, e.g. 0/4")
+        return cls(int(index), int(count))
+
+    def lines(self, total: int) -> range:
+        """The line numbers of this shard in a file of `total` lines."""
+        return range(self.index * total // self.count, (self.index + 1) * total // self.count)
+
+
+def translate_file(translate: TranslateFn, source: str | os.PathLike, output: str | os.PathLike,
+                   *, settings: dict, shard: Shard = Shard(), seed: int | None = None,
+                   batch_size: int = 64, workers: int = 1, chunk_size: int = CHUNK_SIZE,
+                   progress: Callable[[int, int], None] | None = None) -> dict:
+    """Translates the `shard` of the lines of `source` (plain or .gz) into `output`, resuming an
+    unfinished `output` of the same job.
+
+    Args:
+        translate: a Translator signature function (string `[batch]`, and with `seed` also
+            int64 `[batch]` seeds -> {"translation": ...}), as `translate_texts` calls it.
+        settings: what makes the translation (model, search and its options), recorded in the
+            resume file: a run with other settings is refused rather than mixed in.
+        seed: the seed of line 0 of the file (line k gets `seed + k`); None: no seeds.
+        progress: called as `progress(done, total)` with the shard's lines so far, resumed
+            ones included, after each batch.
+
+    Returns:
+        {"lines": the shard's line count, "resumed_at": lines that were already translated}.
+    """
+    source, output = Path(source), Path(output)
+    if source.is_dir():
+        raise DataError(f"{source} is a folder, not a text file")
+    if output.exists() and source.exists() and output.samefile(source):
+        raise ConfigError(f"--output {output} is the --source file: writing it would destroy "
+                          "the input")
+    if output.is_dir():
+        raise ConfigError(f"--output {output} is a folder, not a file")
+    lines = read_user_lines(source)
+    numbers = shard.lines(len(lines))
+    record = {"source": str(source.resolve()), "source_lines": len(lines),
+              "shard": f"{shard.index}/{shard.count}", "seed": seed, "settings": settings}
+    resumed_at = done = _resume(output, record, len(numbers))
+    if progress is not None:
+        progress(done, len(numbers))
+
+    def batch_done(count):
+        nonlocal done
+        done += count
+        if progress is not None:
+            progress(done, len(numbers))
+
+    for start in range(numbers.start + done, numbers.stop, chunk_size):
+        chunk = range(start, min(start + chunk_size, numbers.stop))
+        translations = translate_texts(
+            translate, lines[chunk.start:chunk.stop], batch_size=batch_size, workers=workers,
+            seeds=None if seed is None else [seed + number for number in chunk],
+            progress=batch_done)
+        _append(output, translations)
+    Path(str(output) + RESUME_SUFFIX).unlink(missing_ok=True)
+    return {"lines": len(numbers), "resumed_at": resumed_at}
+
+
+def _resume(output: Path, record: dict, total: int) -> int:
+    """How many lines of the shard `output` already holds (0 for a new output), after cutting
+    a line that a kill left half-written; writes the resume record of a new job. ConfigError
+    for an output this job did not start."""
+    resume = Path(str(output) + RESUME_SUFFIX)
+    if not output.exists():
+        folder = output.resolve().parent
+        if not folder.is_dir():
+            raise ConfigError(f"--output {output}: no folder {folder}")
+        output.touch()
+        resume.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        return 0
+    if not resume.is_file():
+        raise ConfigError(f"--output {output} exists and is not an unfinished translation (no "
+                          f"{resume.name}): delete it, or choose another file")
+    try:
+        started = json.loads(resume.read_text(encoding="utf-8"))
+    except ValueError:
+        raise ConfigError(f"{resume}: damaged (not JSON); delete it and {output} to start "
+                          "again") from None
+    changed = [key for key in record if started.get(key) != record[key]]
+    if changed:
+        key = changed[0]
+        raise ConfigError(f"--output {output} was started with {key} {started.get(key)!r}, "
+                          f"not {record[key]!r}: finish it with the same settings, or delete it "
+                          f"and {resume.name}")
+    data = output.read_bytes()
+    complete = data[:data.rfind(b"\n") + 1]
+    if len(complete) < len(data):  # a line cut by a kill
+        with open(output, "r+b") as f:
+            f.truncate(len(complete))
+    done = complete.count(b"\n")
+    if done > total:
+        raise ConfigError(f"--output {output} holds {done} lines, more than the {total} of "
+                          "its shard: delete it to start again")
+    return done
+
+
+def _append(output: Path, lines: list[str]) -> None:
+    """Appends `lines` to `output`, one line each, and flushes them to disk."""
+    with open(output, "ab") as f:
+        f.write("".join(one_line(line) + "\n" for line in lines).encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())

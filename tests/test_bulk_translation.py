@@ -1,0 +1,215 @@
+"""Translating a corpus (`bulk_translation`, `translate --source --output [--shard]`) and
+sampling from the command line: output in input order, resume after a kill, shards, seeds.
+
+Runs that split the corpus differently are compared at batch size 1: a sentence's logits may
+differ in their last bits between batches, which can move a draw of the random model's nearly
+flat distributions (`decoding.SamplingSearch`); the decoding tests show the per-sentence seeds
+with exact logits."""
+
+import io
+import json
+import sys
+
+import pytest
+
+from keras_transformer import cli
+from keras_transformer.bulk_translation import RESUME_SUFFIX, Shard, translate_file
+from keras_transformer.config import ConfigError
+
+LINES = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Schnee.", "Hallo",
+         "Eine Frau liest ein Buch im Park, während Kinder neben ihr spielen.", "  ",
+         "Ein Hund rennt.", "Leute", "Der Mann's Hut ist rot.", "Ein Mädchen klettert.",
+         " ".join(["Wort"] * 300), "Kinder laufen über die Straße!", "Zwei Männer kochen."]
+
+
+def run_cli(monkeypatch, capsys, argv, stdin: bytes = b""):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def error_line(err: str, command="translate") -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"keras-transformer {command}: error: "), lines
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "captions.de"
+    path.write_text("".join(line + "\n" for line in LINES), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def sampled_stdout(random_run, corpus):
+    """What `translate --sampling --seed 5 --batch-size 1` prints for the corpus, the reference
+    of every file run below."""
+    out = io.StringIO()
+    sys_stdout, sys.stdout = sys.stdout, out
+    try:
+        assert cli.main(["translate", "--run", str(random_run), "--sampling", "--seed", "5",
+                         "--quiet", "--batch-size", "1", "--source", str(corpus)]) == 0
+    finally:
+        sys.stdout = sys_stdout
+    return out.getvalue().splitlines()
+
+
+def sampling_argv(random_run, *extra, seed=5, batch_size=1):
+    return ["translate", "--run", str(random_run), "--sampling", "--seed", str(seed), "--quiet",
+            "--batch-size", str(batch_size), *extra]
+
+
+def test_sampling_is_seeded_per_line(random_run, monkeypatch, capsys, sampled_stdout):
+    """The same seed gives the same lines (batched too); another seed other lines; a line
+    alone (seed 5 + its line number) gives what it gives in the corpus."""
+    stdin = "".join(line + "\n" for line in LINES).encode()
+    code, out, err = run_cli(monkeypatch, capsys, sampling_argv(random_run), stdin)
+    assert code == 0, err
+    assert out.splitlines() == sampled_stdout
+    batched = [run_cli(monkeypatch, capsys, sampling_argv(random_run, batch_size=4), stdin)[1]
+               for _ in range(2)]
+    assert batched[0] == batched[1] and len(batched[0].splitlines()) == len(LINES)
+    assert len(sampled_stdout) == len(LINES) and sampled_stdout[1] == sampled_stdout[5] == ""
+    code, other, _ = run_cli(monkeypatch, capsys, sampling_argv(random_run, seed=6), stdin)
+    assert code == 0 and other.splitlines() != sampled_stdout
+    code, alone, _ = run_cli(monkeypatch, capsys, sampling_argv(random_run, seed=7),
+                             (LINES[2] + "\n").encode())
+    assert alone.splitlines() == [sampled_stdout[2]]
+
+
+def test_sampling_top_k_one_is_greedy(random_run, monkeypatch, capsys):
+    stdin = "".join(line + "\n" for line in LINES[:6]).encode()
+    code, greedy, _ = run_cli(monkeypatch, capsys, ["translate", "--run", str(random_run),
+                                                    "--greedy", "--quiet"], stdin)
+    code, top_1, err = run_cli(monkeypatch, capsys, [
+        "translate", "--run", str(random_run), "--sampling", "--sampling-topk", "1",
+        "--sampling-temperature", "2", "--seed", "9", "--quiet"], stdin)
+    assert code == 0, err
+    assert top_1 == greedy
+
+
+def test_a_file_is_translated_in_order_in_chunks(random_run, corpus, tmp_path, monkeypatch,
+                                                 capsys, sampled_stdout):
+    output = tmp_path / "out.en"
+    code, out, err = run_cli(monkeypatch, capsys, sampling_argv(
+        random_run, "--source", str(corpus), "--output", str(output)))
+    assert code == 0, err
+    assert out == "" and output.read_text(encoding="utf-8").splitlines() == sampled_stdout
+    assert not (tmp_path / ("out.en" + RESUME_SUFFIX)).exists()
+    # Run again: the finished output is not the job's to resume any more.
+    code, _, err = run_cli(monkeypatch, capsys, sampling_argv(
+        random_run, "--source", str(corpus), "--output", str(output)))
+    assert code == 2
+    assert "exists and is not an unfinished translation" in error_line(err)
+
+
+def test_a_killed_job_resumes_at_its_first_untranslated_line(random_run, corpus, tmp_path,
+                                                             sampled_stdout):
+    """Chunks of 4 lines; the job dies in its third chunk, after half a line was written: the
+    next run cuts the half line, translates only what is missing, and the file is whole."""
+    from keras_transformer.translator import translator_from_run
+
+    translator = translator_from_run(random_run)
+    output = tmp_path / "out.en"
+    settings = {"model": "tiny", "search": "sampling"}
+    calls = []
+
+    def dying(batch, seeds):
+        calls.append(len(batch))
+        if sum(calls) > 8:
+            with open(output, "ab") as f:
+                f.write(b"half a li")
+            raise KeyboardInterrupt
+        return translator.translate_sampling(batch, seeds)
+
+    with pytest.raises(KeyboardInterrupt):
+        translate_file(dying, corpus, output, settings=settings, seed=5, batch_size=1,
+                       chunk_size=4)
+    assert output.read_text(encoding="utf-8").splitlines()[:8] == sampled_stdout[:8]
+    calls.clear()
+    progress = []
+    result = translate_file(lambda *inputs: translator.translate_sampling(*inputs), corpus,
+                            output, settings=settings, seed=5, batch_size=1, chunk_size=4,
+                            progress=lambda done, total: progress.append((done, total)))
+    assert result == {"lines": len(LINES), "resumed_at": 8}
+    assert output.read_text(encoding="utf-8").splitlines() == sampled_stdout
+    assert progress[0] == (8, len(LINES)) and progress[-1] == (len(LINES), len(LINES))
+
+
+def test_a_resumed_job_must_have_the_same_settings(random_run, corpus, tmp_path):
+    output = tmp_path / "out.en"
+    output.write_text("eins\n")
+    resume = tmp_path / ("out.en" + RESUME_SUFFIX)
+    record = {"source": str(corpus.resolve()), "source_lines": len(LINES), "shard": "0/1",
+              "seed": 5, "settings": {"search": "beam"}}
+    resume.write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match="was started with settings {'search': 'beam'}"):
+        translate_file(lambda batch: None, corpus, output, settings={"search": "greedy"},
+                       seed=5)
+    with pytest.raises(ConfigError, match="was started with seed 5, not 6"):
+        translate_file(lambda batch: None, corpus, output, settings={"search": "beam"}, seed=6)
+    resume.write_text("{not json")
+    with pytest.raises(ConfigError, match="damaged"):
+        translate_file(lambda batch: None, corpus, output, settings={}, seed=5)
+    assert output.read_text() == "eins\n"  # nothing lost
+
+
+def test_shards_concatenate_to_the_whole_file(random_run, corpus, tmp_path, monkeypatch,
+                                              capsys, sampled_stdout):
+    parts = []
+    for index in range(3):
+        output = tmp_path / f"part{index}"
+        code, _, err = run_cli(monkeypatch, capsys, sampling_argv(
+            random_run, "--source", str(corpus), "--output", str(output), "--shard",
+            f"{index}/3"))
+        assert code == 0, err
+        parts += output.read_text(encoding="utf-8").splitlines()
+    assert parts == sampled_stdout
+    assert [len(Shard(i, 3).lines(13)) for i in range(3)] == [4, 4, 5]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--shard", "1/2"], "--shard is for --source FILE --output FILE"),
+    (["--output", "x"], "--output is for --source FILE"),
+    (["--source", "SOURCE", "--output", "x", "--shard", "2/2"], "--shard 2/2: needs 0 <= I < N"),
+    (["--source", "SOURCE", "--output", "x", "--shard", "a"], "--shard 'a': expected I/N"),
+    (["--source", "SOURCE", "--output", "SOURCE"], "is the --source file"),
+    (["--source", "missing.de"], "missing.de: no such file"),
+    (["--greedy", "--sampling-topk", "3"], "--sampling-topk is for --sampling"),
+])
+def test_translate_mistakes_are_one_line_errors(random_run, corpus, tmp_path, monkeypatch,
+                                                capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    argv = [str(corpus) if arg == "SOURCE" else arg for arg in argv]
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--run", str(random_run),
+                                                   "--quiet", *argv])
+    assert code == 2 and out == ""
+    assert message in error_line(err)
+
+
+def test_an_export_samples_with_its_own_settings(random_export, monkeypatch, capsys):
+    stdin = "".join(line + "\n" for line in LINES[:4]).encode()
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),
+                                                   "--sampling", "--quiet"], stdin)
+    assert code == 0, err
+    assert len(out.splitlines()) == 4
+    code, _, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),
+                                                 "--sampling", "--sampling-topk", "5"], stdin)
+    assert code == 2
+    assert error_line(err) == (
+        f"keras-transformer translate: error: --sampling-topk 5: {random_export} was exported "
+        "with sampling_topk 0; export again with --set decode.sampling_topk=5, or use --run")
+
+
+def test_the_progress_bar_counts_this_runs_rate_and_time_left():
+    stream = io.StringIO()
+    bar = cli._Progress(100, stream=stream, done=40)
+    bar.start -= 2.0  # two seconds ago
+    bar.show(60)
+    text = stream.getvalue()
+    assert text.startswith("\rtranslated 60/100 sentences (60%), ")
+    rate = float(text.split(", ")[1].removesuffix("/s"))
+    assert 9.0 < rate <= 10.0  # 20 sentences in two seconds (and a little more)
+    assert text.endswith(", 0:00:04 left")
