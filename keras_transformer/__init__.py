@@ -22,6 +22,7 @@ _EXPORTS = {
     "Run": "runs",
     "Translator": "translator", "translator_from_run": "translator",
     "translate_texts": "translator", "translate_file": "bulk_translation",
+    "Shard": "bulk_translation",
     "score": "evaluation",
     "export_run": "export", "export_translator": "export", "load_translator": "export",
     "train": "training",

@@ -78,7 +78,8 @@ def translate_file(translate: TranslateFn, source: str | os.PathLike, output: st
             ones included, after each batch.
 
     Returns:
-        {"lines": the shard's line count, "resumed_at": lines that were already translated}.
+        a dict of "lines" (the shard's line count) and "resumed_at" (how many of them an
+        earlier run had translated).
     """
     source, output = Path(source), Path(output)
     if source.is_dir():
