@@ -138,6 +138,14 @@ def format_data_stats(stats: dict) -> str:
                     f"{b['mean_target_tokens']:.0f} target tokens per batch (max padded "
                     f"{b['max_padded_tokens']}{budget}); padding {b['source_padding']:.1%} source, "
                     f"{b['target_padding']:.1%} target")
+    for entry in stats.get("corpora", ()):
+        dropped = ", ".join(f"{n} {reason}" for reason, n in entry["dropped"].items())
+        tag = f", tag {entry['tag']}" if entry["tag"] else ""
+        lines.append(f"\n[corpus {entry['name']}] weight {entry['weight']:g}{tag}: "
+                     f"{entry['share']:.1%} of the training batches")
+        lines.append(f"  {entry['pairs']} pairs: {entry['kept']} kept, dropped {dropped}; "
+                     f"{entry['source_tokens']} source / {entry['target_tokens']} target tokens "
+                     f"in {entry['batches']} batches")
     return "\n".join(lines)
 
 

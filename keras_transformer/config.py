@@ -124,6 +124,41 @@ class ModelConfig:
         return from_dict(cls, values, "model")
 
 
+# data.corpora[].dataset values besides tfds names: keras_transformer.data loads each.
+LOCAL_CORPORA = ("multi30k", "files", "file_pair")
+
+
+@dataclasses.dataclass
+class CorpusConfig:
+    """One training corpus of several (`data.corpora`), drawn from in proportion to `weight`.
+
+    Marian's and OpenNMT-tf's weighted corpora; `tag` marks a corpus's sources, as tagged
+    back-translation marks synthetic ones (Caswell et al. 2019, arXiv:1906.06442).
+    """
+
+    # "multi30k", "files" ({data_dir}/{train_split}.{lang}[.gz]), "file_pair" (source_file and
+    # target_file, e.g. what `translate --output` wrote and the text it translated), or a tfds
+    # translation dataset's name
+    dataset: str = "files"
+    weight: float = 1.0  # share of the training batches: weight / the sum of the weights
+    tag: Optional[str] = None  # a token put before every source (sentencepiece: one piece)
+    data_dir: Optional[str] = None  # multi30k, files: default data.data_dir
+    train_split: Optional[str] = None  # multi30k, files, tfds: default data.train_split
+    source_file: Optional[str] = None  # file_pair: source-language lines (plain or .gz)
+    target_file: Optional[str] = None  # file_pair: line-aligned target-language lines
+
+    def __post_init__(self):
+        if not (self.weight > 0 and math.isfinite(self.weight)):
+            raise ConfigError(f"weight={self.weight!r} must be a positive number")
+        is_pair = self.dataset == "file_pair"
+        if is_pair != (self.source_file is not None and self.target_file is not None):
+            raise ConfigError("source_file and target_file are for dataset file_pair, which "
+                              "needs both" if is_pair or self.source_file or self.target_file
+                              else "source_file and target_file are for dataset file_pair")
+        if self.tag is not None and (not self.tag.strip() or " " in self.tag.strip()):
+            raise ConfigError(f"tag={self.tag!r} must be one word, e.g. <BT>")
+
+
 @dataclasses.dataclass
 class DataConfig:
     """Where the text pairs come from, how they are tokenized and batched."""
@@ -156,6 +191,10 @@ class DataConfig:
     sp_alpha: float = 0.1
     cache: bool = True  # keep tokenized training pairs in memory; turn off for corpora beyond RAM
     tfds_data_dir: Optional[str] = None  # where tfds prepares datasets; None: ~/tensorflow_datasets
+    # Several training corpora (a list of `CorpusConfig`: dataset, weight, tag, ...), drawn from
+    # in proportion to their weights, instead of `dataset`'s train split; `dataset` still gives
+    # the validation and test splits and the vocabulary's text. None: `dataset` alone.
+    corpora: Optional[list[CorpusConfig]] = None
 
     def __post_init__(self):
         _check_choice("data.tokenizer", self.tokenizer, ("sentencepiece", "wordpiece"))
@@ -178,6 +217,13 @@ class DataConfig:
             if not self.sp_alpha > 0:
                 raise ConfigError(f"data.sp_alpha={self.sp_alpha} must be > 0 when "
                                   f"data.sp_nbest_size={self.sp_nbest_size} (sampling is on)")
+        if self.corpora is not None:
+            if not self.corpora:
+                raise ConfigError("data.corpora is empty: list at least one corpus, or remove it")
+            tags = [corpus.tag for corpus in self.corpora if corpus.tag]
+            if tags and self.tokenizer != "sentencepiece":
+                raise ConfigError(f"data.corpora tags {tags} need data.tokenizer sentencepiece "
+                                  "(a tag is a piece of its own)")
         if self.tokens_per_batch < self.max_pair_length:
             raise ConfigError(
                 f"data.tokens_per_batch={self.tokens_per_batch} is smaller than "
@@ -499,6 +545,8 @@ def _type_ok(value: Any, hint: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
+    if origin is list:
+        return isinstance(value, list)
     return isinstance(value, hint)
 
 
@@ -522,6 +570,14 @@ def from_dict(cls, values: dict, prefix: str):
         if dataclasses.is_dataclass(hint):
             kwargs[key] = from_dict(hint, value or {}, name)
             continue
+        item = _list_item_dataclass(hint)
+        if item is not None and value is not None:
+            if not isinstance(value, list):
+                raise ConfigError(f"{name}={value!r} has the wrong type: expected a list of "
+                                  "mappings")
+            kwargs[key] = [_item_from_dict(item, entry, f"{name}[{index}]")
+                           for index, entry in enumerate(value)]
+            continue
         if not _type_ok(value, hint):
             raise ConfigError(f"{name}={value!r} has the wrong type: expected {_type_name(hint)}")
         if hint is float or float in typing.get_args(hint):
@@ -530,6 +586,25 @@ def from_dict(cls, values: dict, prefix: str):
                 raise ConfigError(f"{name}={value!r} must be a finite number")
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def _list_item_dataclass(hint: Any):
+    """The dataclass `X` of a `list[X]` or `Optional[list[X]]` hint, else None."""
+    for candidate in (hint, *typing.get_args(hint)):
+        if typing.get_origin(candidate) is list:
+            (item,) = typing.get_args(candidate)
+            return item if dataclasses.is_dataclass(item) else None
+    return None
+
+
+def _item_from_dict(cls, values: Any, name: str):
+    """`from_dict` of one list entry, its own checks' errors prefixed with its name."""
+    try:
+        return from_dict(cls, values, name)
+    except ConfigError as error:
+        message = str(error)
+        raise ConfigError(message if message.startswith(name) or name in message
+                          else f"{name}: {message}") from None
 
 
 def _renamed(values: dict, prefix: str) -> dict:
@@ -547,6 +622,8 @@ def _renamed(values: dict, prefix: str) -> dict:
 
 
 def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is list:
+        return f"list of {_type_name(typing.get_args(hint)[0])}"
     args = typing.get_args(hint)
     if args:
         return " or ".join(_type_name(a) for a in args)

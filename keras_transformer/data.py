@@ -41,7 +41,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from keras_transformer.compat import without_autotuning
-from keras_transformer.config import DATA_ENV, ConfigError, DataConfig
+from keras_transformer.config import DATA_ENV, ConfigError, CorpusConfig, DataConfig
 from keras_transformer.text_io import (  # noqa: F401  (DataError: re-exported)
     DataError, first_line, read_parallel_lines)
 from keras_transformer.tokenizers import (UNK_ID, Tokenizer, build_tokenizers,
@@ -98,7 +98,11 @@ def split_files(data_dir: str | os.PathLike, split: str, langs: tuple[str, ...])
 
 def _load_files(data_config: DataConfig, split: str) -> tf.data.Dataset:
     langs = (data_config.source_lang, data_config.target_lang)
-    paths = split_files(data_config.resolved_data_dir(), split, langs)
+    return _load_parallel_files(split_files(data_config.resolved_data_dir(), split, langs), langs)
+
+
+def _load_parallel_files(paths: dict, langs: tuple[str, str]) -> tf.data.Dataset:
+    """(source, target) lines of the line-aligned files `paths` {lang: path}, checked first."""
     check = check_parallel_files(paths)
     if check.empty_count:
         logger.warning("%s: %d of %d line pairs have an empty side and will be dropped (lines %s%s)",
@@ -196,15 +200,53 @@ def load_pairs(data_config: DataConfig, split: str,
     its own (every worker still reads every line). Sharded pairs tell tf.distribute not to
     shard them again (auto-shard policy OFF).
     """
-    index, count = shard
-    if not 0 <= index < count:
-        raise ConfigError(f"shard={shard!r}: expected (index, count) with 0 <= index < count")
+    _checked_shard(shard)
     if data_config.dataset == "files":
         pairs = _load_files(data_config, split)
     elif data_config.dataset == "multi30k":
         pairs = _load_multi30k(data_config, split)
     else:
         pairs = _load_tfds(data_config, split)
+    return _sharded_and_normalized(pairs, shard)
+
+
+def load_corpus_pairs(data_config: DataConfig, corpus: CorpusConfig,
+                      shard: tuple[int, int] = (0, 1)) -> tf.data.Dataset:
+    """The training pairs of one of `data.corpora`, as `load_pairs` gives a split's, with the
+    corpus's tag and a space before every source that has words."""
+    _checked_shard(shard)
+    if corpus.dataset == "file_pair":
+        langs = (data_config.source_lang, data_config.target_lang)
+        paths = {}
+        for lang, path in zip(langs, (corpus.source_file, corpus.target_file)):
+            if not os.path.isfile(path):
+                raise DataError(f"{path}: no such file (a corpus's "
+                                f"{'source' if lang == langs[0] else 'target'}_file)")
+            paths[lang] = Path(path)
+        pairs = _sharded_and_normalized(_load_parallel_files(paths, langs), shard)
+    else:
+        config = dataclasses.replace(
+            data_config, dataset=corpus.dataset, corpora=None,
+            data_dir=corpus.data_dir or data_config.data_dir)
+        pairs = load_pairs(config, corpus.train_split or data_config.train_split, shard)
+    if corpus.tag:
+        tag = corpus.tag.strip()
+        pairs = pairs.map(lambda source, target: (tf.where(
+            tf.strings.length(source) > 0, tf.strings.join([tag, source], " "), source), target),
+            num_parallel_calls=AUTOTUNE)
+    return without_autotuning(pairs)
+
+
+def _checked_shard(shard: tuple[int, int]) -> tuple[int, int]:
+    index, count = shard
+    if not 0 <= index < count:
+        raise ConfigError(f"shard={shard!r}: expected (index, count) with 0 <= index < count")
+    return index, count
+
+
+def _sharded_and_normalized(pairs: tf.data.Dataset, shard: tuple[int, int]) -> tf.data.Dataset:
+    """`load_pairs`' shard of `pairs`, normalized (see there)."""
+    index, count = _checked_shard(shard)
     if count > 1:
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
@@ -505,6 +547,68 @@ class TrainingStream:
         return without_autotuning(tf.data.Dataset.range(first, end).flat_map(self._pass))
 
 
+class MixtureStream:
+    """Training batches drawn from several corpora's `TrainingStream`s in proportion to their
+    weights (`data.corpora`), with the interface of `TrainingStream`.
+
+    Element i of the stream comes from corpus `choices[i mod HORIZON]`, a sequence drawn once
+    from the weights with the run's seed; each corpus's stream goes on from where its last
+    batch left it. So the stream is the same in every process, and `batches(start)` starts
+    each corpus's stream at the count of its batches among the first `start` (exact resume,
+    without reading them). A corpus's batches are bucketed by length within that corpus.
+
+    `pass_length()`: the stream's elements per pass over the first corpus (its pass length
+    over its share), so that an epoch reads the first corpus about once.
+    """
+
+    HORIZON = 1 << 20  # choices drawn ahead, then repeated
+
+    def __init__(self, streams: list, weights: list[float], *, seed: int):
+        if len(streams) != len(weights) or not streams:
+            raise ValueError(f"{len(streams)} streams for {len(weights)} weights")
+        self.streams = streams
+        self.shares = np.asarray(weights, np.float64) / np.sum(weights)
+        self.choices = np.random.default_rng([seed, len(streams)]).choice(
+            len(streams), size=self.HORIZON, p=self.shares).astype(np.int64)
+
+    def pass_length(self) -> int:
+        return max(1, round(self.streams[0].pass_length() / self.shares[0]))
+
+    def counts(self, start: int) -> list[int]:
+        """How many of the first `start` elements each corpus gives."""
+        laps, offset = divmod(start, self.HORIZON)
+        size = len(self.streams)
+        counts = laps * np.bincount(self.choices, minlength=size) + np.bincount(
+            self.choices[:offset], minlength=size)
+        return [int(count) for count in counts]
+
+    def batches(self, start: int = 0) -> tf.data.Dataset:
+        """The stream from its element `start` (0: the first), endless."""
+        choices = tf.data.Dataset.from_tensor_slices(self.choices).repeat().skip(
+            start % self.HORIZON)
+        streams = [stream.batches(count) for stream, count in zip(self.streams,
+                                                                   self.counts(start))]
+        return without_autotuning(tf.data.Dataset.choose_from_datasets(
+            streams, choices, stop_on_empty_dataset=True).prefetch(AUTOTUNE))
+
+
+def training_stream(data_config: DataConfig, source_tokenizer: Tokenizer,
+                    target_tokenizer: Tokenizer, *, seed: int, shard: tuple[int, int] = (0, 1),
+                    **stream_options) -> "TrainingStream | MixtureStream":
+    """The training batches of `data_config`: one `TrainingStream` of the train split, or with
+    `data.corpora` a `MixtureStream` of one per corpus (each shuffled with its own seed);
+    `stream_options` go to `TrainingStream` (num_replicas, accumulate_steps)."""
+    if data_config.corpora is None:
+        pairs = load_pairs(data_config, data_config.train_split, shard=shard)
+        return TrainingStream(pairs, source_tokenizer, target_tokenizer, data_config, seed=seed,
+                              **stream_options)
+    streams = [TrainingStream(load_corpus_pairs(data_config, corpus, shard=shard),
+                              source_tokenizer, target_tokenizer, data_config,
+                              seed=seed + 7919 * index, **stream_options)
+               for index, corpus in enumerate(data_config.corpora)]
+    return MixtureStream(streams, [corpus.weight for corpus in data_config.corpora], seed=seed)
+
+
 def fixed_size_batches(pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
                        target_tokenizer: Tokenizer, data_config: DataConfig,
                        batch_size: int = 64) -> tf.data.Dataset:
@@ -605,7 +709,33 @@ def data_stats(data_config: DataConfig, vocab_dir: str | os.PathLike | None = No
             entry["batches"] = _batch_entry(bucketed, data_config.tokens_per_batch)
             entry["fixed_64_batches"] = _batch_entry(fixed, None)
         result["splits"][split] = entry
+    if data_config.corpora is not None:
+        result["corpora"] = [_corpus_entry(data_config, corpus, source_tokenizer,
+                                           target_tokenizer)
+                             for corpus in data_config.corpora]
     return result
+
+
+def corpus_name(corpus: CorpusConfig) -> str:
+    """How reports name a corpus: its files, or its dataset and split."""
+    if corpus.dataset == "file_pair":
+        return f"{corpus.source_file} + {corpus.target_file}"
+    return f"{corpus.dataset} {corpus.train_split or '(train split)'}"
+
+
+def _corpus_entry(data_config: DataConfig, corpus: CorpusConfig, source_tokenizer,
+                  target_tokenizer) -> dict:
+    """`data_stats` of one of `data.corpora`: pairs kept and dropped, tokens (START and END
+    included) of the kept pairs, batches, and its share of the training batches."""
+    pairs = load_corpus_pairs(data_config, corpus)
+    stats = pair_stats(pairs, source_tokenizer, target_tokenizer, data_config)
+    batches = batch_stats(make_batches(pairs, source_tokenizer, target_tokenizer, data_config,
+                                       training=False))
+    weights = [entry.weight for entry in data_config.corpora]
+    return {"name": corpus_name(corpus), "weight": corpus.weight, "tag": corpus.tag,
+            "share": corpus.weight / sum(weights), "pairs": stats.total, "kept": stats.kept,
+            "dropped": stats.dropped, "source_tokens": batches.source_tokens,
+            "target_tokens": batches.target_tokens, "batches": batches.batches}
 
 
 def _batch_entry(stats: BatchStats, budget: int | None) -> dict:

@@ -32,7 +32,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import sentencepiece
 import tensorflow as tf
@@ -293,8 +293,10 @@ def _read_file(path: str | Path, mode: str):
 
 
 def train_sentencepiece(sentences: Iterable[str], model_path: str | Path, vocab_size: int,
-                        max_sentences: int = 2_000_000) -> Path:
+                        max_sentences: int = 2_000_000, symbols: Sequence[str] = ()) -> Path:
     """Trains a unigram SentencePiece model on `sentences` and writes `model_path`.
+
+    `symbols` (e.g. the tags of `data.corpora`) are pieces of their own, never split.
 
     Identity normalization, kept whitespace and byte fallback make the round trip exact (no
     NFKC rewriting, unseen characters become byte pieces instead of UNK). `vocab_size` is a soft
@@ -303,7 +305,7 @@ def train_sentencepiece(sentences: Iterable[str], model_path: str | Path, vocab_
     model_path = Path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        _train_sentencepiece(sentences, model_path, vocab_size, max_sentences)
+        _train_sentencepiece(sentences, model_path, vocab_size, max_sentences, symbols)
     except RuntimeError as error:
         if "Vocabulary size is smaller than required_chars" not in str(error):
             raise
@@ -318,8 +320,10 @@ def train_sentencepiece(sentences: Iterable[str], model_path: str | Path, vocab_
     return model_path
 
 
-def _train_sentencepiece(sentences, model_path: Path, vocab_size: int, max_sentences: int):
+def _train_sentencepiece(sentences, model_path: Path, vocab_size: int, max_sentences: int,
+                         symbols: Sequence[str] = ()):
     sentencepiece.SentencePieceTrainer.train(
+        user_defined_symbols=list(symbols),
         sentence_iterator=iter(sentences),
         model_prefix=str(model_path.with_suffix("")),
         model_type="unigram",
@@ -361,13 +365,22 @@ def _settings(data_config: DataConfig) -> dict:
     if data_config.tokenizer == "sentencepiece" and data_config.lowercase:
         raise ConfigError("data.lowercase=True is for the wordpiece tokenizer; sentencepiece keeps "
                           "the text exactly (set data.tokenizer='wordpiece' or lowercase=False)")
-    return {
+    settings = {
         "tokenizer": data_config.tokenizer,
         "vocab_size": data_config.vocab_size,
         "lowercase": data_config.lowercase,
         "languages": sorted({data_config.source_lang, data_config.target_lang}),
         "dataset": data_config.dataset,
     }
+    if corpus_tags(data_config):  # vocabularies made before corpora had tags have no such key
+        settings["tags"] = corpus_tags(data_config)
+    return settings
+
+
+def corpus_tags(data_config: DataConfig) -> list[str]:
+    """The tags of `data.corpora`, each once, in order: pieces of their own."""
+    tags = [corpus.tag.strip() for corpus in data_config.corpora or () if corpus.tag]
+    return list(dict.fromkeys(tags))
 
 
 def build_tokenizers(data_config: DataConfig, train_pairs: tf.data.Dataset,
@@ -388,7 +401,10 @@ def build_tokenizers(data_config: DataConfig, train_pairs: tf.data.Dataset,
                     yield source.decode("utf-8")
                     yield target.decode("utf-8")
         train_sentencepiece(both_sides(), vocab_dir / SENTENCEPIECE_FILE, data_config.vocab_size,
-                            max_sentences=data_config.vocab_sample_sentences)
+                            max_sentences=data_config.vocab_sample_sentences,
+                            # with the word-start mark that SentencePiece puts before a
+                            # word, so that "<BT> Ein" is "▁<BT>", "▁Ein" and not "▁", "<BT>", ...
+                            symbols=["\u2581" + tag for tag in corpus_tags(data_config)])
     else:
         for index, lang in enumerate(_wordpiece_langs(data_config)):
             side = train_pairs.map(lambda *pair, i=index: pair[i])

@@ -254,12 +254,10 @@ class TrainingInput:
                 config.data, tokens_per_batch=config.data.tokens_per_batch // replicas)
             stream_replicas = 1
         self.batches_per_step = replicas // self.workers if self.per_worker else 1
-        pairs = data_lib.load_pairs(config.data, config.data.train_split,
-                                    shard=(self.worker, self.workers))
-        self.stream = data_lib.TrainingStream(pairs, source_tokenizer, target_tokenizer,
-                                              data_config, seed=config.train.seed,
-                                              num_replicas=stream_replicas,
-                                              accumulate_steps=config.train.accumulate_steps)
+        self.stream = data_lib.training_stream(
+            data_config, source_tokenizer, target_tokenizer, seed=config.train.seed,
+            shard=(self.worker, self.workers), num_replicas=stream_replicas,
+            accumulate_steps=config.train.accumulate_steps)
 
     def epoch_steps(self) -> int:
         """`train.steps_per_epoch`, or about one pass (see the class docstring); with several

@@ -117,6 +117,18 @@ def sections(config_cls) -> tuple[list[Key], dict[str, type]]:
     return top, found
 
 
+def list_sections(cls) -> dict[str, type]:
+    """{key: its item dataclass} of the keys of `cls` that hold a list of dataclasses."""
+    found = {}
+    for field in dataclasses.fields(cls):
+        for hint in (typing.get_type_hints(cls)[field.name],
+                     *typing.get_args(typing.get_type_hints(cls)[field.name])):
+            if typing.get_origin(hint) is list and dataclasses.is_dataclass(
+                    typing.get_args(hint)[0]):
+                found[field.name] = typing.get_args(hint)[0]
+    return found
+
+
 def _text_with_code(text: str) -> list[nodes.Node]:
     """`text` with its `backticked` parts as inline code."""
     parts = re.split(r"`([^`]+)`", text)
@@ -172,6 +184,9 @@ class ConfigTables(SphinxDirective):
         for name, cls in found.items():
             result.append(self.section(name, f"`{name}`: {cls.__name__}", cls.__doc__,
                                        section_keys(cls, type_name)))
+            for key, item in list_sections(cls).items():  # e.g. data.corpora, a list
+                result.append(self.section(f"{name}-{key}", f"`{name}.{key}[]`: {item.__name__}",
+                                           item.__doc__, section_keys(item, type_name)))
         return result
 
 
