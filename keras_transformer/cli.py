@@ -27,6 +27,7 @@ empty or not, gives exactly one output line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import os
@@ -154,7 +155,11 @@ def _train(args) -> int:
 
     if args.logical_cpus:
         training.split_cpu(args.logical_cpus)
-    history = training.train(_load_config(args), args.output, verbose=args.progress,
+    config = _load_config(args)
+    if args.init_from:
+        config = dataclasses.replace(config, train=dataclasses.replace(
+            config.train, init_from=args.init_from))
+    history = training.train(config, args.output, verbose=args.progress,
                              overwrite=args.overwrite)
     if history is None:  # finished before: train said so
         return 0
@@ -614,6 +619,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--overwrite", action="store_true",
                        help="delete the run that --output holds (another config, or a finished "
                             "run) and train anew")
+    train.add_argument("--init-from", metavar="RUN|WEIGHTS",
+                       help="fine-tune: start from this run's best weights (or this weight "
+                            "file), with a fresh optimizer and schedule (train.init_from)")
     train.add_argument("--logical-cpus", type=_non_negative_int, default=0, metavar="N",
                        help="split the CPU into N logical devices (distribution without GPUs)")
     train.add_argument("--progress", type=int, default=1, choices=(0, 1, 2),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -282,6 +283,9 @@ class TrainConfig:
     early_stopping_patience: Optional[int] = None  # epochs without BLEU improvement
     log_every_steps: int = 50  # TensorBoard loss, learning rate, tokens/s every N steps; 0 disables
     seed: int = 1234
+    # Fine-tuning: start from the weights of this run folder (its best) or weight file, with a
+    # fresh optimizer and schedule; keras_transformer.fine_tuning. None: from scratch
+    init_from: Optional[str] = None
 
     def __post_init__(self):
         for name in ("epochs", "warmup_steps", "accumulate_steps"):
@@ -578,6 +582,8 @@ def from_dict(cls, values: dict, prefix: str):
             kwargs[key] = [_item_from_dict(item, entry, f"{name}[{index}]")
                            for index, entry in enumerate(value)]
             continue
+        if isinstance(value, str) and (hint is float or float in typing.get_args(hint)):
+            value = _yaml_float(value)
         if not _type_ok(value, hint):
             raise ConfigError(f"{name}={value!r} has the wrong type: expected {_type_name(hint)}")
         if hint is float or float in typing.get_args(hint):
@@ -586,6 +592,14 @@ def from_dict(cls, values: dict, prefix: str):
                 raise ConfigError(f"{name}={value!r} must be a finite number")
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def _yaml_float(text: str) -> Any:
+    """A number that YAML 1.1 (PyYAML) reads as a string, such as 1e-9 (no dot): as a float;
+    any other text unchanged (then refused for its type)."""
+    if re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", text.strip()):
+        return float(text)
+    return text
 
 
 def _list_item_dataclass(hint: Any):

@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from keras_transformer.config import PROVENANCE_FILE, ConfigError
+from keras_transformer.fine_tuning import read_record
 from keras_transformer.runs import Run, check_writable_folder
 from keras_transformer.text_io import first_line
 from keras_transformer.text_normalization import NORMALIZATION
@@ -183,8 +184,12 @@ def translator_provenance(translator: Translator) -> dict:
 def run_provenance(run_dir: str | os.PathLike, weights: str = "best") -> dict:
     """The run and weight file an export came from, with the file's SHA-256."""
     path = Run(run_dir).weights_path(weights)
-    return {"run": str(Path(run_dir)), "weights": weights, "weights_file": str(path),
-            "weights_sha256": file_sha256(path)}
+    record = {"run": str(Path(run_dir)), "weights": weights, "weights_file": str(path),
+              "weights_sha256": file_sha256(path)}
+    init = read_record(run_dir)
+    if init is not None:  # a fine-tuned run: what it started from
+        record["init_from"] = init
+    return record
 
 
 def file_sha256(path: str | os.PathLike) -> str:

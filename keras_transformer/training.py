@@ -17,7 +17,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from keras_transformer import compat
+from keras_transformer import compat, fine_tuning
 from keras_transformer import data as data_lib
 from keras_transformer.callbacks import ValidationBleu, default_callbacks
 from keras_transformer.config import ConfigError, ExperimentConfig
@@ -324,6 +324,11 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     line per epoch.
     """
     data_lib.check_data_folder(config.data)  # before the run folder is made
+    if config.data.max_pair_length > config.model.max_positions:
+        raise ConfigError(f"data.max_pair_length={config.data.max_pair_length} is longer than "
+                          f"model.max_positions={config.model.max_positions}: the position "
+                          "table would not cover the longest pairs; lower the one or raise "
+                          "the other")
     created = not os.path.exists(output_dir)
     run = Run.create(config, output_dir, overwrite=overwrite)
     finished = run.finished(config)
@@ -341,6 +346,9 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
                               "several workers for a number of train.epochs instead")
         replicas = strategy.num_replicas_in_sync
         check_shared_vocabulary(config, worker_shard(strategy)[1])
+        if config.train.init_from:
+            fine_tuning.check_parent(config)  # before anything is written
+            fine_tuning.adopt_parent_vocabulary(config, run.path)
         source_tokenizer, target_tokenizer = prepare_tokenizers(config, run)
     except BaseException:
         if created and not any(run.path.iterdir()):  # a failed start leaves no empty folder
@@ -379,6 +387,13 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
             if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
                 compat.apply_multi_worker_workarounds(model)
             initial_epoch = run.restore(model)
+            if config.train.init_from and not initial_epoch:
+                record = fine_tuning.initialize_from(model, config.train.init_from,
+                                                     (source_tokenizer, target_tokenizer))
+                fine_tuning.write_record(run.path, record)
+                print(f"keras-transformer train: weights initialized from "
+                      f"{record['weights_file']} (vocabulary: {record['vocabulary']})",
+                      flush=True)
         steps = training_input.epoch_steps()
         validation_callback = None
         if config.train.validation_bleu_sentences:
