@@ -11,7 +11,6 @@ runs behind a `BatchFunction` op (`RequestBatching`): concurrent calls are decod
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -24,7 +23,7 @@ import tensorflow as tf
 
 from keras_transformer.config import PROVENANCE_FILE, ConfigError
 from keras_transformer.runs import Run, check_writable_folder
-from keras_transformer.text_io import first_line
+from keras_transformer.text_io import file_sha256, first_line, write_error
 from keras_transformer.text_normalization import NORMALIZATION
 from keras_transformer.tokenizers import without_sentencepiece_info
 from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, STRINGS_SPEC, Translator,
@@ -182,14 +181,6 @@ def run_provenance(run_dir: str | os.PathLike, weights: str = "best") -> dict:
     path = Run(run_dir).weights_path(weights)
     return {"run": str(Path(run_dir)), "weights": weights, "weights_file": str(path),
             "weights_sha256": file_sha256(path)}
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_provenance(folder: str | os.PathLike, record: dict) -> Path:

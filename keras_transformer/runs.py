@@ -22,13 +22,17 @@ Every file but the TensorBoard logs is written to a temporary name (`.partial-PI
 renamed, so a kill leaves the previous version whole, never half a file. `state.json` is written
 last at the end of an epoch: a killed run resumes from its newest epoch checkpoint that loads,
 and a run whose `state.json` says it is done is finished. Weight files carry the model config
-they were trained with (an HDF5 attribute), which `load_weights` checks.
+they were trained with and a SHA-256 of their contents (HDF5 attributes), which `load_weights`
+checks before a file becomes a model: a damaged file, or one with non-finite values, is refused
+by name, never loaded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import hashlib
 import json
 import logging
 import os
@@ -37,11 +41,12 @@ import shutil
 from pathlib import Path
 
 import h5py
+import numpy as np
 
 from keras_transformer import data as data_lib
 from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig
 from keras_transformer.model import Transformer
-from keras_transformer.text_io import first_line
+from keras_transformer.text_io import first_line, write_error
 from keras_transformer.tokenizers import META_FILE, Tokenizer, build_tokenizers, load_tokenizers
 
 logger = logging.getLogger(__name__)
@@ -56,6 +61,11 @@ PARTIAL_PREFIX = ".partial-"
 MODEL_CONFIG_ATTR = "keras_transformer.model_config"
 RANDOM_STATES_ATTR = "keras_transformer.random_states"
 TRAINING_MINUTES_ATTR = "keras_transformer.training_minutes"  # epoch checkpoints
+# The SHA-256 of the file's arrays and of the attributes above (`weights_checksum`). It lives in
+# the file, not in a list beside it, so that it is renamed into place with the file (a kill
+# cannot leave the two out of step) and goes with a copy of it (`--weights PATH`).
+CHECKSUM_ATTR = "keras_transformer.weights_sha256"
+CHECKED_ATTRS = (MODEL_CONFIG_ATTR, RANDOM_STATES_ATTR, TRAINING_MINUTES_ATTR)
 # What `--overwrite` deletes: everything `training.train` writes, and nothing else (backup/:
 # Keras's BackupAndRestore folder, which runs made before state.json may hold).
 RUN_ENTRIES = (CONFIG_FILE, STATE_FILE, "vocab", CHECKPOINT_DIR, "last.weights.h5",
@@ -63,7 +73,8 @@ RUN_ENTRIES = (CONFIG_FILE, STATE_FILE, "vocab", CHECKPOINT_DIR, "last.weights.h
 
 
 class DamagedWeightsError(ConfigError):
-    """A weight file cannot be read (truncated, or not HDF5)."""
+    """A weight file cannot be read (truncated, or not HDF5), does not match the checksum it was
+    written with, or holds non-finite values."""
 
 
 class Run:
@@ -167,7 +178,7 @@ class Run:
         return self._config
 
     def save_config(self, config: ExperimentConfig) -> None:
-        with atomic_path(self.config_path) as partial:
+        with write_errors(self.config_path), atomic_path(self.config_path) as partial:
             config.to_yaml(partial)
         self._config = config
 
@@ -186,8 +197,8 @@ class Run:
             if weights == "best" and not path.exists():
                 if not self.weights_file("last").exists():
                     raise ConfigError(f"no weights at {path} or {self.weights_file('last')}")
-                logger.warning("%s has no best weights (%s); using the last epoch's",
-                               self.path, path.name)
+                _warn_once("%s has no best weights (%s); using the last epoch's", self.path,
+                           path.name)
                 path = self.weights_file("last")
         if not path.exists():
             raise ConfigError(f"no weights at {path}")
@@ -198,12 +209,18 @@ class Run:
     def load_model(self, weights: str = "best") -> Transformer:
         """The run's model (never compiled) with `best`, `last`, or a weight file's path.
 
-        ConfigError, naming the file, if it is damaged or was trained with another model config
-        than the run's `config.yaml`."""
+        ConfigError, naming the file, if it is damaged (`verify_weights`: the line says which
+        other weights to choose) or was trained with another model config than the run's
+        `config.yaml`."""
         path = self.weights_path(weights)
         model = Transformer(self.config.model)
         model.build()
-        load_weights(model, path, self.config.model, self.config_path)
+        try:
+            load_weights(model, path, self.config.model, self.config_path)
+        except DamagedWeightsError as error:
+            raise DamagedWeightsError(
+                f"{error}; choose other weights with --weights: best, last, or a checkpoint "
+                f"({self.checkpoint_dir}/epoch_NNN.weights.h5)") from None
         return model
 
     def epoch_checkpoints(self) -> list[Path]:
@@ -306,7 +323,7 @@ class Run:
         return 0.0 if minutes is None else float(minutes)
 
     def _write_state(self, state: dict) -> None:
-        with atomic_path(self.state_path) as partial:
+        with write_errors(self.state_path), atomic_path(self.state_path) as partial:
             partial.write_text(json.dumps(state, indent=1) + "\n")
 
     def restore(self, model) -> int:
@@ -366,8 +383,17 @@ class Run:
         model = Transformer(config.model)
         model.build()
         total = None
-        for path in paths[-last:]:
-            load_weights(model, path, config.model, self.config_path)
+        for index, path in enumerate(paths[-last:]):
+            try:
+                load_weights(model, path, config.model, self.config_path)
+            except DamagedWeightsError as error:
+                newer = last - index - 1
+                others = [f"--last {newer} (the newer ones)"] if newer else []
+                if _epoch_of(path) > 1:
+                    others.append(f"--upper-bound {_epoch_of(path) - 1}")
+                advice = (f"average the others ({' or '.join(others)})" if others
+                          else "no other checkpoint to average")
+                raise DamagedWeightsError(f"{error}; {advice}") from None
             weights = model.get_weights()
             total = weights if total is None else [t + w for t, w in zip(total, weights)]
         model.set_weights([(t / last).astype(w.dtype) for t, w in zip(total, model.get_weights())])
@@ -396,8 +422,10 @@ def atomic_path(path: str | os.PathLike):
 
 
 def copy_file(source: Path, target: Path) -> None:
-    """Copies `source` to `target` through a temporary file (`atomic_path`)."""
-    with atomic_path(target) as partial:
+    """Copies `source` to `target` through a temporary file (`atomic_path`); a full disk is
+    a one-line OSError (`write_errors`) that leaves `target` as it was."""
+    check_free_space(target, source.stat().st_size)
+    with write_errors(target), atomic_path(target) as partial:
         shutil.copyfile(source, partial)
 
 
@@ -426,13 +454,46 @@ def check_weights_output(path: Path) -> None:
     check_writable_folder(path.parent, f"the folder of {path}:")
 
 
+@contextlib.contextmanager
+def write_errors(path: str | os.PathLike):
+    """Turns what writing `path` raises when the disk is full or the folder unwritable
+    (OSError; h5py's RuntimeError) into a one-line OSError that names the file and says that
+    nothing was written."""
+    try:
+        yield
+    except (OSError, RuntimeError) as error:
+        raise write_error(path, error) from None
+
+
+def check_free_space(path: str | os.PathLike, size: int) -> None:
+    """OSError (ENOSPC) unless the file system of `path`'s folder has `size` bytes free."""
+    folder = Path(path).parent
+    while not folder.exists():
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if free < size:
+        raise write_error(path, OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: "
+                                        f"{size / 1e6:.1f} MB needed, {free / 1e6:.1f} MB free"))
+
+
 def save_weights(model: Transformer, path: str | os.PathLike, *,
                  training_minutes: float | None = None) -> Path:
     """`model.save_weights(path)` (with the optimizer's state if it is compiled) written through
-    a temporary file, with the model config, dropout's seed states and `training_minutes` (if
-    given) as HDF5 attributes."""
+    a temporary file, with the model config, dropout's seed states, `training_minutes` (if
+    given) and the checksum of all of them (`weights_checksum`) as HDF5 attributes.
+
+    A full disk or an unwritable folder is an OSError in one line, checked before writing
+    where it can be (h5py has crashed the process on a full disk), with nothing left behind:
+    a previous file at `path` stays as it was.
+    """
     path = Path(path)
-    with atomic_path(path) as partial:
+    variables = list(model.variables)
+    if getattr(model, "optimizer", None) is not None and model.compiled:
+        variables += list(model.optimizer.variables)
+    # The arrays, and HDF5's few kilobytes of names and headers for each.
+    check_free_space(path, sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize + 4096
+                               for v in variables))
+    with write_errors(path), atomic_path(path) as partial:
         model.save_weights(partial)
         with h5py.File(partial, "a") as f:
             f.attrs[MODEL_CONFIG_ATTR] = json.dumps(dataclasses.asdict(model.config))
@@ -440,7 +501,60 @@ def save_weights(model: Transformer, path: str | os.PathLike, *,
                 [state.numpy().tolist() for state in random_states(model)])
             if training_minutes is not None:
                 f.attrs[TRAINING_MINUTES_ATTR] = float(training_minutes)
+            f.attrs[CHECKSUM_ATTR] = weights_checksum(f)
     return path
+
+
+def weights_checksum(f: h5py.File) -> str:
+    """The SHA-256 of a weight file's arrays (each with its name, dtype and shape, in name
+    order) and of its attributes `CHECKED_ATTRS`: what `save_weights` records and
+    `verify_weights` recomputes."""
+    digest = hashlib.sha256()
+    names = []
+    f.visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
+    for name in sorted(names):
+        array = np.ascontiguousarray(f[name][()])
+        digest.update(f"{name} {array.dtype.str} {array.shape}\n".encode())
+        digest.update(array.tobytes())
+    for name in CHECKED_ATTRS:
+        value = f.attrs.get(name)
+        digest.update(f"{name}={'' if value is None else value}\n".encode())
+    return digest.hexdigest()
+
+
+def verify_weights(path: str | os.PathLike) -> str | None:
+    """Checks a weight file before it becomes a model; returns the checksum it records (None
+    for a file written by Keras alone, whose values are still checked).
+
+    Raises DamagedWeightsError naming the file if it cannot be read, if its arrays or
+    attributes differ from the checksum `save_weights` recorded (bytes changed on disk), or if
+    an array holds NaN or infinity (a diverged training saved them).
+    """
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as f:
+            recorded = f.attrs.get(CHECKSUM_ATTR)
+            actual = weights_checksum(f) if recorded is not None else None
+            not_finite = _first_not_finite(f)
+    except (OSError, RuntimeError, KeyError, ValueError) as error:  # h5py: RuntimeError for
+        raise DamagedWeightsError(f"{path} is damaged ({first_line(error)})") from None  # metadata
+    if recorded is not None and actual != str(recorded):
+        raise DamagedWeightsError(f"{path} is damaged (its contents differ from the SHA-256 "
+                                  "recorded when it was written)")
+    if not_finite:
+        raise DamagedWeightsError(f"{path} is damaged (non-finite values in {not_finite})")
+    return None if recorded is None else str(recorded)
+
+
+def _first_not_finite(f: h5py.File) -> str | None:
+    """The name of the first floating-point array of `f` holding NaN or infinity, or None."""
+    names = []
+    f.visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
+    for name in sorted(names):
+        array = f[name][()]
+        if np.asarray(array).dtype.kind == "f" and not np.isfinite(array).all():
+            return name
+    return None
 
 
 def weight_file_attrs(path: Path, *names: str) -> list:
@@ -457,13 +571,16 @@ def load_weights(model: Transformer, path: str | os.PathLike, config: ModelConfi
                  where: str | os.PathLike = "the config") -> None:
     """Loads a weight file into `model`, and dropout's seed states if the file has them.
 
-    Raises DamagedWeightsError naming the file if it cannot be read, and ConfigError naming the
-    first model field that differs between the file's config and `config` (read from `where`),
-    with both values. Dropout is not compared: it acts only in training. Files written without
-    the config attribute (by Keras directly) are loaded unchecked.
+    Raises DamagedWeightsError naming the file if it cannot be read, does not match its
+    checksum or holds non-finite values (`verify_weights`, before anything is loaded), and
+    ConfigError naming the first model field that differs between the file's config and
+    `config` (read from `where`), with both values. Dropout is not compared: it acts only in
+    training. Files written without the config attribute (by Keras directly) are loaded
+    unchecked.
     """
     path = Path(path)
     trained, states = weight_file_attrs(path, MODEL_CONFIG_ATTR, RANDOM_STATES_ATTR)
+    verify_weights(path)
     if trained is not None:
         try:
             trained = json.loads(trained)
@@ -487,6 +604,16 @@ def load_weights(model: Transformer, path: str | os.PathLike, config: ModelConfi
         if len(saved) == len(variables):
             for variable, value in zip(variables, saved):
                 variable.assign(value)
+
+
+_warned = set()
+
+
+def _warn_once(message: str, *args) -> None:
+    """Logs a warning once per process: a command looks the same weights up several times."""
+    if (message, args) not in _warned:
+        _warned.add((message, args))
+        logger.warning(message, *args)
 
 
 def random_states(model: Transformer) -> list:

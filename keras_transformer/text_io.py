@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import hashlib
 import io
 import os
 import re
@@ -143,7 +144,42 @@ def one_line(text: str) -> str:
 
 
 def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> None:
-    """Writes exactly one line per item (`one_line`), UTF-8."""
-    with io.open(path, "w", encoding="utf-8", newline="\n") as f:
-        for line in lines:
-            f.write(one_line(line) + "\n")
+    """Writes exactly one line per item (`one_line`), UTF-8, whole or not at all: a regular
+    file is written through a temporary file beside it and renamed, so that a full disk or an
+    unwritable folder (an OSError naming `path`, `write_error`) leaves no partial file and
+    `path` as it was. Anything else (`/dev/stdout`, a pipe) is written directly."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        with io.open(path, "w", encoding="utf-8", newline="\n") as f:
+            for line in lines:
+                f.write(one_line(line) + "\n")
+        return
+    partial = path.with_name(f".partial-{os.getpid()}-{path.name}")
+    try:
+        with io.open(partial, "w", encoding="utf-8", newline="\n") as f:
+            for line in lines:
+                f.write(one_line(line) + "\n")
+        os.replace(partial, path)
+    except OSError as error:
+        raise write_error(path, error) from None
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def write_error(path: str | os.PathLike, error: BaseException) -> OSError:
+    """The one-line OSError for a file or folder `path` that could not be written (a full disk,
+    no permission: `error`, whose errno it keeps), saying that nothing of it was left."""
+    why = getattr(error, "strerror", None) or first_line(error)
+    failure = OSError(f"cannot write {path} ({why}); nothing was written, what was there "
+                      "before is kept")
+    failure.errno = getattr(error, "errno", None)
+    return failure
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, in hex (what `sha256sum` prints)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -56,7 +56,8 @@ logger = logging.getLogger(__name__)
 WORDPIECE_RESERVED = ["[PAD]", "[START]", "[END]", "[UNK]"]  # in id order
 META_FILE = "tokenizer.json"
 
-# tf-text ops the TF Serving model server links (see FIELD-NOTES): graphs may use no other custom op.
+# tf-text ops the TF Serving model server links, by the Serving version that added them: graphs
+# may use no other custom op.
 SERVING_TF_TEXT_OPS = frozenset({
     # BertTokenizer (since Serving 2.2)
     "CaseFoldUTF8", "NormalizeUTF8", "RegexSplitWithOffsets", "WordpieceTokenizeWithOffsets",

@@ -320,3 +320,87 @@ def test_only_epoch_numbered_files_are_checkpoints_in_epoch_order(run_with_two_e
     shutil.copy(first, run.checkpoint_dir / "epoch_1000.weights.h5")
     assert [p.name for p in run.epoch_checkpoints()] == [
         "epoch_001.weights.h5", "epoch_002.weights.h5", "epoch_1000.weights.h5"]
+
+
+# ----------------------------------------------------------------------------- checksums
+
+def test_every_weight_file_records_the_checksum_of_what_it_holds(run_with_two_epochs):
+    """Checkpoints, last and best (copies of checkpoints) and averages carry a SHA-256 of their
+    arrays and attributes, which `verify_weights` recomputes."""
+    run, _ = run_with_two_epochs
+    average = run.average(2)
+    for path in (run.checkpoint_file(1), run.checkpoint_file(2), run.weights_file("last"),
+                 run.weights_file("best"), average):
+        [recorded] = runs.weight_file_attrs(path, runs.CHECKSUM_ATTR)
+        assert len(recorded) == 64 and runs.verify_weights(path) == recorded, path
+    assert runs.verify_weights(run.weights_file("last")) == runs.verify_weights(
+        run.checkpoint_file(2))
+
+
+def test_flipped_bytes_in_a_weight_files_data_are_refused_before_loading(run_with_two_epochs):
+    from helpers import flip_weight_bytes
+
+    run, _ = run_with_two_epochs
+    path = run.weights_file("last")
+    flip_weight_bytes(path)
+    model = Transformer(run.config.model)
+    model.build()
+    before = model.get_weights()
+    with pytest.raises(DamagedWeightsError, match=rf"^{path} is damaged \(its contents differ "
+                       r"from the SHA-256 recorded when it was written\)$"):
+        runs.load_weights(model, path, run.config.model)
+    for got, want in zip(model.get_weights(), before):  # nothing was loaded
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(DamagedWeightsError, match=rf"^{path} is damaged .*; choose other weights "
+                       r"with --weights: best, last, or a checkpoint \("):
+        run.load_model("last")
+
+
+def test_non_finite_weights_are_refused_even_without_a_checksum(tmp_path):
+    config = tiny_config()
+    model = compiled_model(config)
+    weights = model.get_weights()
+    weights[0][0, 0] = np.nan
+    model.set_weights(weights)
+    model.save_weights(tmp_path / "keras.weights.h5")  # Keras alone: no checksum
+    runs.save_weights(model, tmp_path / "ours.weights.h5")
+    for name in ("keras", "ours"):
+        path = tmp_path / f"{name}.weights.h5"
+        with pytest.raises(DamagedWeightsError,
+                           match=rf"^{path} is damaged \(non-finite values in .+\)$"):
+            runs.load_weights(compiled_model(config), path, config.model)
+
+
+def test_restore_passes_over_a_checkpoint_with_flipped_bytes(run_with_two_epochs, caplog):
+    from helpers import flip_weight_bytes
+
+    run, models = run_with_two_epochs
+    flip_weight_bytes(run.checkpoint_file(2))
+    model = compiled_model(run.config, seed=9)
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+        assert run.restore(model) == 1
+    assert f"{run.checkpoint_file(2)} is damaged (its contents differ" in caplog.text
+    for got, want in zip(model.get_weights(), models[0][0]):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_average_refuses_a_damaged_checkpoint_and_averages_the_others(run_with_two_epochs):
+    from helpers import flip_weight_bytes
+
+    run, models = run_with_two_epochs
+    flip_weight_bytes(run.checkpoint_file(2))
+    with pytest.raises(DamagedWeightsError, match=rf"^{run.checkpoint_file(2)} is damaged \(.+\); "
+                       r"average the others \(--upper-bound 1\)$"):
+        run.average(2)
+    assert not list(run.path.glob("average_*")) and not list(run.path.glob(".partial-*"))
+    flip_weight_bytes(run.checkpoint_file(1))
+    with pytest.raises(DamagedWeightsError, match=r"average the others \(--last 1 \(the newer "
+                       r"ones\)\)$"):
+        run.average(2, upper_bound=2)
+    runs.copy_file(run.weights_file("last"), run.checkpoint_file(3))  # a good epoch 3
+    with pytest.raises(DamagedWeightsError, match=r"average the others \(--last 1 \(the newer "
+                       r"ones\) or --upper-bound 1\)$"):
+        run.average(2)
+    average = run.average(1)
+    for got, want in zip(run.load_model(str(average)).get_weights(), models[1][0]):
+        np.testing.assert_array_equal(got, want)
