@@ -303,11 +303,11 @@ def _evaluate(args) -> int:
     _check_output_file(args.output, {"--source": args.source, "--reference": args.reference})
     sources, references = _read_aligned(args.source, args.reference, args.command)
     hypotheses = _translate_lines(args, sources)
-    if args.output:
-        write_lines(args.output, hypotheses)
     scores = score(hypotheses, references)
     for metric in ("bleu", "bleu_lowercase", "chrf", "chrf_lowercase"):
-        print(f"{metric}: {scores[metric]:.2f}  ({scores[metric + '_signature']})")
+        print(f"{metric}: {scores[metric]:.2f}  ({scores[metric + '_signature']})", flush=True)
+    if args.output:  # after the scores, which a full disk then does not cost
+        write_lines(args.output, hypotheses)
     return 0
 
 

@@ -44,7 +44,7 @@ from keras_transformer.ctranslate2_translator import (MODEL_CHECKSUM, MODEL_FILE
                                                       SETTINGS_FILE)
 from keras_transformer.layers.normalization import LAYER_NORM_EPSILON
 from keras_transformer.model import Transformer
-from keras_transformer.text_io import file_sha256
+from keras_transformer.text_io import errno_of, file_sha256, write_error
 from keras_transformer.tokenizers import SentencePieceTokenizer, Tokenizer
 
 QUANTIZATIONS = ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES  # float32, int8, bfloat16, ...
@@ -103,10 +103,12 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
         settings[MODEL_CHECKSUM] = file_sha256(partial / MODEL_FILE)
         (partial / SETTINGS_FILE).write_text(
             json.dumps({**settings, **(provenance or {})}, indent=2) + "\n")
-    except BaseException:
+        os.replace(partial, output_dir)
+    except BaseException as error:
         shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(error, OSError) and errno_of(error):  # a full disk: one line
+            raise write_error(output_dir, error) from None
         raise
-    os.replace(partial, output_dir)
     return output_dir
 
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from keras_transformer.config import PROVENANCE_FILE, ConfigError
 from keras_transformer.runs import Run, check_writable_folder
-from keras_transformer.text_io import file_sha256, first_line, write_error
+from keras_transformer.text_io import errno_of, file_sha256, first_line, write_error
 from keras_transformer.text_normalization import NORMALIZATION
 from keras_transformer.tokenizers import without_sentencepiece_info
 from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, STRINGS_SPEC, Translator,
@@ -117,7 +117,7 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
     `provenance(translator)` updated with `provenance` (what `keras-transformer info --model`
     prints). It is written to a hidden sibling folder
     and renamed at the end, so that TF Serving, which watches the parent folder, never sees a
-    half-written version. The weights are exported frozen (`Translator(frozen_weights=True)`):
+    half-written version; a write that fails (a full disk: a one-line OSError) removes it. The weights are exported frozen (`Translator(frozen_weights=True)`):
     in the layout the decoding reads, prepared once here rather than at every request, and
     without a compiled model's optimizer state. With `batching`, concurrent calls of a signature
     are decoded together (`RequestBatching`).
@@ -135,16 +135,23 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
                                 frozen_weights=True)
     partial = export_dir.with_name(f".{export_dir.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
-    export_dir.parent.mkdir(parents=True, exist_ok=True)
     module = translator if batching is None else BatchingTranslator(translator, batching)
-    tf.saved_model.save(module, str(partial), signatures=module.signatures())
-    if warmup_sentences is not None:
-        write_warmup_requests(partial, warmup_sentences, model_name=export_dir.parent.name)
     record = {**translator_provenance(translator), "format": "savedmodel",
               "request_batching": None if batching is None else dataclasses.asdict(batching),
               **(provenance or {})}
-    write_provenance(partial / "assets.extra", record)
-    os.replace(partial, export_dir)
+    try:
+        export_dir.parent.mkdir(parents=True, exist_ok=True)
+        tf.saved_model.save(module, str(partial), signatures=module.signatures())
+        if warmup_sentences is not None:
+            write_warmup_requests(partial, warmup_sentences, model_name=export_dir.parent.name)
+        write_provenance(partial / "assets.extra", record)
+        os.replace(partial, export_dir)
+    except BaseException as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        # A full disk or an unwritable folder (TensorFlow says so in an OpError): one line.
+        if isinstance(error, (OSError, tf.errors.OpError)) and errno_of(error):
+            raise write_error(export_dir, error) from None
+        raise
     return export_dir
 
 

@@ -38,6 +38,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import h5py
@@ -462,7 +463,24 @@ def write_errors(path: str | os.PathLike):
     try:
         yield
     except (OSError, RuntimeError) as error:
+        _quiet_h5py_cleanup()
         raise write_error(path, error) from None
+
+
+def _quiet_h5py_cleanup() -> None:
+    """After a failed write h5py says so again, as a traceback on stderr, whenever it frees the
+    file's objects (Python calls that an unraisable exception): the one-line error has said it."""
+    previous = sys.unraisablehook
+    if getattr(previous, "keras_transformer_h5py", False):
+        return
+
+    def hook(unraisable):
+        if not (isinstance(unraisable.exc_value, RuntimeError)
+                and "h5py" in repr(unraisable.object)):
+            previous(unraisable)
+
+    hook.keras_transformer_h5py = True
+    sys.unraisablehook = hook
 
 
 def check_free_space(path: str | os.PathLike, size: int) -> None:

@@ -9,6 +9,7 @@ line never costs the others their translations.
 from __future__ import annotations
 
 import codecs
+import errno
 import gzip
 import hashlib
 import io
@@ -169,11 +170,33 @@ def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> None:
 def write_error(path: str | os.PathLike, error: BaseException) -> OSError:
     """The one-line OSError for a file or folder `path` that could not be written (a full disk,
     no permission: `error`, whose errno it keeps), saying that nothing of it was left."""
-    why = getattr(error, "strerror", None) or first_line(error)
+    code = errno_of(error)
+    if getattr(error, "errno", None) and getattr(error, "strerror", None):
+        why = first_line(error.strerror)
+    else:  # h5py and TensorFlow put the errno in a message of several lines
+        why = os.strerror(code) if code else first_line(error)
     failure = OSError(f"cannot write {path} ({why}); nothing was written, what was there "
                       "before is kept")
-    failure.errno = getattr(error, "errno", None)
+    failure.errno = code
     return failure
+
+
+# What a file system refuses a write with. Libraries that are not Python's own say it in their
+# own words: h5py "errno = 28, error message = '...'", TensorFlow "...; No space left on device".
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM,
+                 errno.EROFS, errno.EIO)
+
+
+def errno_of(error: BaseException) -> int | None:
+    """The errno of a failed write, from an OSError or from the message of a library's error
+    (h5py, TensorFlow); None if the message names none of `_WRITE_ERRNOS`."""
+    if getattr(error, "errno", None):
+        return error.errno
+    text = str(error)
+    found = re.search(r"errno = (\d+)", text)
+    if found:
+        return int(found.group(1))
+    return next((code for code in _WRITE_ERRNOS if os.strerror(code) in text), None)
 
 
 def file_sha256(path: str | os.PathLike) -> str:
