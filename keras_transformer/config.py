@@ -440,10 +440,15 @@ def _yaml_error(error: yaml.YAMLError) -> str:
 
 def load_preset(name: str) -> dict:
     """The values of a model preset, by name (`experiments/presets/NAME.yaml`) or YAML path."""
-    path = Path(name) if str(name).endswith((".yaml", ".yml")) else PRESETS_DIR / f"{name}.yaml"
+    name = str(name)
+    path = Path(name) if name.endswith((".yaml", ".yml")) else PRESETS_DIR / f"{name}.yaml"
+    if not name.endswith((".yaml", ".yml")) and (Path(name).name != name or name.startswith(".")):
+        # "../demo" names experiments/demo.yaml, an experiment, not a preset
+        raise ConfigError(f"unknown model preset {name!r}: a preset is a name, one of "
+                          f"{preset_names()}, or a .yaml file's path")
     if not path.is_file():
-        known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
-        raise ConfigError(f"unknown model preset {name!r} ({path} not found); known: {known}")
+        raise ConfigError(f"unknown model preset {name!r} ({path} not found); known: "
+                          f"{preset_names()}")
     values = read_yaml(path) or {}
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: a model preset is a mapping of model keys, got {values!r}")
