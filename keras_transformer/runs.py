@@ -48,7 +48,8 @@ from keras_transformer import data as data_lib
 from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig
 from keras_transformer.model import Transformer
 from keras_transformer.text_io import first_line, write_error
-from keras_transformer.tokenizers import META_FILE, Tokenizer, build_tokenizers, load_tokenizers
+from keras_transformer.tokenizers import (META_FILE, Tokenizer, build_tokenizers, load_tokenizers,
+                                          vocabulary_checksum)
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,10 @@ TRAINING_MINUTES_ATTR = "keras_transformer.training_minutes"  # epoch checkpoint
 # the file, not in a list beside it, so that it is renamed into place with the file (a kill
 # cannot leave the two out of step) and goes with a copy of it (`--weights PATH`).
 CHECKSUM_ATTR = "keras_transformer.weights_sha256"
-CHECKED_ATTRS = (MODEL_CONFIG_ATTR, RANDOM_STATES_ATTR, TRAINING_MINUTES_ATTR)
+# The vocabulary the ids index (`tokenizers.vocabulary_checksum`): another vocabulary of the
+# same size fits the model's shapes and turns every output into other words.
+VOCABULARY_ATTR = "keras_transformer.vocabulary_sha256"
+CHECKED_ATTRS = (MODEL_CONFIG_ATTR, RANDOM_STATES_ATTR, TRAINING_MINUTES_ATTR, VOCABULARY_ATTR)
 # What `--overwrite` deletes: everything `training.train` writes, and nothing else (backup/:
 # Keras's BackupAndRestore folder, which runs made before state.json may hold).
 RUN_ENTRIES = (CONFIG_FILE, STATE_FILE, "vocab", CHECKPOINT_DIR, "last.weights.h5",
@@ -84,6 +88,7 @@ class Run:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._config: ExperimentConfig | None = None
+        self._vocabulary: str | None = None
 
     @classmethod
     def create(cls, config: ExperimentConfig, path: str | os.PathLike, *,
@@ -128,7 +133,7 @@ class Run:
         if deleted:
             logger.warning("deleted the previous run in %s (--overwrite): %s", self.path,
                            ", ".join(deleted))
-        self._config = None
+        self._config = self._vocabulary = None
         return deleted
 
     # ------------------------------------------------------------------------- paths
@@ -183,6 +188,13 @@ class Run:
             config.to_yaml(partial)
         self._config = config
 
+    def vocabulary_checksum(self) -> str | None:
+        """`tokenizers.vocabulary_checksum` of the run's vocabulary (None before it is
+        written), read once."""
+        if self._vocabulary is None:
+            self._vocabulary = vocabulary_checksum(self.vocab_dir)
+        return self._vocabulary
+
     def tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
         """(source, target) tokenizers from the run's vocabulary."""
         return load_tokenizers(self.config.data, self.vocab_dir)
@@ -217,7 +229,8 @@ class Run:
         model = Transformer(self.config.model)
         model.build()
         try:
-            load_weights(model, path, self.config.model, self.config_path)
+            load_weights(model, path, self.config.model, self.config_path,
+                         vocabulary=self.vocabulary_checksum(), vocab_dir=self.vocab_dir)
         except DamagedWeightsError as error:
             raise DamagedWeightsError(
                 f"{error}; choose other weights with --weights: best, last, or a checkpoint "
@@ -291,7 +304,8 @@ class Run:
         state never names a missing file)."""
         checkpoint = self.checkpoint_file(epoch)
         checkpoint.parent.mkdir(exist_ok=True)
-        save_weights(model, checkpoint, training_minutes=training_minutes)
+        save_weights(model, checkpoint, training_minutes=training_minutes,
+                     vocabulary=self.vocabulary_checksum())
         copy_file(checkpoint, self.weights_file("last"))
         state = self.state() or {}
         best = state.get("best")
@@ -337,7 +351,8 @@ class Run:
         damaged = []
         for path in reversed(checkpoints):
             try:
-                load_weights(model, path, self.config.model, self.config_path)
+                load_weights(model, path, self.config.model, self.config_path,
+                             vocabulary=self.vocabulary_checksum(), vocab_dir=self.vocab_dir)
             except DamagedWeightsError as error:
                 logger.warning("%s", error)
                 damaged.append(path.name)
@@ -386,7 +401,8 @@ class Run:
         total = None
         for index, path in enumerate(paths[-last:]):
             try:
-                load_weights(model, path, config.model, self.config_path)
+                load_weights(model, path, config.model, self.config_path,
+                             vocabulary=self.vocabulary_checksum(), vocab_dir=self.vocab_dir)
             except DamagedWeightsError as error:
                 newer = last - index - 1
                 others = [f"--last {newer} (the newer ones)"] if newer else []
@@ -399,7 +415,7 @@ class Run:
             total = weights if total is None else [t + w for t, w in zip(total, weights)]
         model.set_weights([(t / last).astype(w.dtype) for t, w in zip(total, model.get_weights())])
         output.parent.mkdir(parents=True, exist_ok=True)
-        save_weights(model, output)
+        save_weights(model, output, vocabulary=self.vocabulary_checksum())
         return output
 
 
@@ -495,10 +511,11 @@ def check_free_space(path: str | os.PathLike, size: int) -> None:
 
 
 def save_weights(model: Transformer, path: str | os.PathLike, *,
-                 training_minutes: float | None = None) -> Path:
+                 training_minutes: float | None = None, vocabulary: str | None = None) -> Path:
     """`model.save_weights(path)` (with the optimizer's state if it is compiled) written through
-    a temporary file, with the model config, dropout's seed states, `training_minutes` (if
-    given) and the checksum of all of them (`weights_checksum`) as HDF5 attributes.
+    a temporary file, with the model config, dropout's seed states, `training_minutes` and the
+    `vocabulary`'s checksum (`tokenizers.vocabulary_checksum`), if given, and the checksum of
+    all of them (`weights_checksum`) as HDF5 attributes.
 
     A full disk or an unwritable folder is an OSError in one line, checked before writing
     where it can be (h5py has crashed the process on a full disk), with nothing left behind:
@@ -519,6 +536,8 @@ def save_weights(model: Transformer, path: str | os.PathLike, *,
                 [state.numpy().tolist() for state in random_states(model)])
             if training_minutes is not None:
                 f.attrs[TRAINING_MINUTES_ATTR] = float(training_minutes)
+            if vocabulary is not None:
+                f.attrs[VOCABULARY_ATTR] = vocabulary
             f.attrs[CHECKSUM_ATTR] = weights_checksum(f)
     return path
 
@@ -586,19 +605,26 @@ def weight_file_attrs(path: Path, *names: str) -> list:
 
 
 def load_weights(model: Transformer, path: str | os.PathLike, config: ModelConfig,
-                 where: str | os.PathLike = "the config") -> None:
+                 where: str | os.PathLike = "the config", *, vocabulary: str | None = None,
+                 vocab_dir: str | os.PathLike | None = None) -> None:
     """Loads a weight file into `model`, and dropout's seed states if the file has them.
 
     Raises DamagedWeightsError naming the file if it cannot be read, does not match its
     checksum or holds non-finite values (`verify_weights`, before anything is loaded), and
     ConfigError naming the first model field that differs between the file's config and
     `config` (read from `where`), with both values. Dropout is not compared: it acts only in
-    training. Files written without the config attribute (by Keras directly) are loaded
-    unchecked.
+    training. ConfigError too if the file was trained with another vocabulary than the one whose
+    checksum is `vocabulary` (read from `vocab_dir`). Files written without these attributes
+    (by Keras directly) are loaded unchecked.
     """
     path = Path(path)
-    trained, states = weight_file_attrs(path, MODEL_CONFIG_ATTR, RANDOM_STATES_ATTR)
+    trained, states, trained_vocabulary = weight_file_attrs(
+        path, MODEL_CONFIG_ATTR, RANDOM_STATES_ATTR, VOCABULARY_ATTR)
     verify_weights(path)
+    if None not in (vocabulary, trained_vocabulary) and trained_vocabulary != vocabulary:
+        raise ConfigError(f"{path} was trained with another vocabulary than {vocab_dir} (its "
+                          "ids would stand for other pieces): use weights trained with this "
+                          "vocabulary")
     if trained is not None:
         try:
             trained = json.loads(trained)

@@ -25,6 +25,7 @@ files made with other settings.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -420,6 +421,21 @@ def build_tokenizers(data_config: DataConfig, train_pairs: tf.data.Dataset,
         raise
     logger.info("wrote %s vocabulary to %s", data_config.tokenizer, vocab_dir)
     return load_tokenizers(data_config, vocab_dir)
+
+
+def vocabulary_checksum(vocab_dir: str | Path) -> str | None:
+    """The SHA-256 of a vocabulary folder's files (names and contents, in name order; hidden
+    files left out): which pieces a model's ids stand for. None if the folder holds no
+    vocabulary (no `META_FILE`)."""
+    vocab_dir = Path(vocab_dir)
+    if not (vocab_dir / META_FILE).is_file():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(vocab_dir.iterdir()):
+        if path.is_file() and not path.name.startswith("."):
+            digest.update(path.name.encode("utf-8") + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
 
 
 def training_tokenizers(data_config: DataConfig, source: Tokenizer,

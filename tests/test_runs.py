@@ -404,3 +404,27 @@ def test_average_refuses_a_damaged_checkpoint_and_averages_the_others(run_with_t
     average = run.average(1)
     for got, want in zip(run.load_model(str(average)).get_weights(), models[1][0]):
         np.testing.assert_array_equal(got, want)
+
+
+def test_weights_trained_with_another_vocabulary_of_the_same_size_are_refused(tmp_path):
+    """The shapes fit, so nothing else would notice: every id would stand for another piece."""
+    from keras_transformer.tokenizers import META_FILE
+
+    config = tiny_config()
+    runs_ = {}
+    for name, pieces in (("a", "ein\nhund\n"), ("b", "zwei\nkatzen\n")):
+        run = Run.create(config, tmp_path / name)
+        run.save_config(config)
+        (run.path / "vocab").mkdir()
+        (run.path / "vocab" / META_FILE).write_text("{}")
+        (run.path / "vocab" / "pieces.vocab").write_text(pieces)
+        runs_[name] = run
+    model = compiled_model(config)
+    runs_["a"].save_epoch(model, 1)
+    trained = runs_["a"].weights_file("last")
+    [recorded] = runs.weight_file_attrs(trained, runs.VOCABULARY_ATTR)
+    assert recorded == runs_["a"].vocabulary_checksum() != runs_["b"].vocabulary_checksum()
+    assert runs_["a"].load_model("last") is not None
+    with pytest.raises(ConfigError, match=rf"^{trained} was trained with another vocabulary than "
+                       rf"{runs_['b'].path / 'vocab'} \(its ids would stand for other pieces\)"):
+        runs_["b"].load_model(str(trained))
