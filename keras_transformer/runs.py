@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import fcntl
 import hashlib
 import json
 import logging
@@ -59,6 +60,7 @@ CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_PATTERN = "epoch_{epoch:03d}.weights.h5"
 WEIGHT_NAMES = ("best", "last")
 PARTIAL_PREFIX = ".partial-"
+LOCK_FILE = ".train.lock"  # held by the training that writes in the folder (`training_lock`)
 # HDF5 attributes of the weight files this package writes.
 MODEL_CONFIG_ATTR = "keras_transformer.model_config"
 RANDOM_STATES_ATTR = "keras_transformer.random_states"
@@ -422,6 +424,40 @@ class Run:
 # ----------------------------------------------------------------------------- files
 
 @contextlib.contextmanager
+def training_lock(path: str | os.PathLike):
+    """Holds an exclusive lock on the run folder `path` (an existing folder) while a training
+    writes in it: `flock` on `path/.train.lock`, which holds the process id.
+
+    A second training in the folder is refused (ConfigError) in one line naming the first
+    one's process. The kernel releases the lock when that process ends, by kill -9 too, so a
+    killed run resumes at once. Workers of one multi-worker run (TF_CONFIG) may share a folder:
+    each locks a file of its own.
+    """
+    path = Path(path)
+    try:
+        task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
+    except (ValueError, AttributeError):
+        task = {}
+    name = f".train-{task.get('type')}-{task.get('index')}.lock" if task else LOCK_FILE
+    try:
+        fd = os.open(path / name, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise write_error(path / name, error) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise ConfigError(f"{path} is in use by another training (process {holder}): wait "
+                              "for it to end, or choose another --output") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
     """Yields a temporary name beside `path` to write to; renames it to `path` when the block
     ends without an error (after syncing it to disk), deletes it otherwise. The name keeps
@@ -698,13 +734,15 @@ def _epoch_of(path: Path) -> int:
 
 
 def _comparable(config: ExperimentConfig) -> dict:
-    """The config without what training fills in (vocabulary sizes), may extend (epochs) or
-    only changes what TensorBoard shows (log_every_steps)."""
+    """The config without what training fills in (vocabulary sizes), may extend (epochs),
+    only changes what TensorBoard shows (log_every_steps) or says where the same data is
+    cached (tfds_data_dir: a machine's folder, not the data)."""
     values = config.to_dict()
     for key in ("source_vocab_size", "target_vocab_size"):
         values["model"].pop(key)
     values["train"].pop("epochs")
     values["train"].pop("log_every_steps")
+    values["data"].pop("tfds_data_dir")
     return values
 
 

@@ -428,3 +428,50 @@ def test_weights_trained_with_another_vocabulary_of_the_same_size_are_refused(tm
     with pytest.raises(ConfigError, match=rf"^{trained} was trained with another vocabulary than "
                        rf"{runs_['b'].path / 'vocab'} \(its ids would stand for other pieces\)"):
         runs_["b"].load_model(str(trained))
+
+
+def test_moving_the_tfds_data_cache_is_the_same_run(run_with_two_epochs):
+    """data.tfds_data_dir says where a machine caches the data, not which data: a resume with
+    another cache folder continues the run."""
+    run, _ = run_with_two_epochs
+    moved = run.config
+    moved = dataclasses.replace(moved, data=dataclasses.replace(moved.data,
+                                                                tfds_data_dir="/elsewhere"))
+    assert Run.create(moved, run.path).epochs_done() == 2
+
+
+# ----------------------------------------------------------------------------- the lock
+
+def test_a_second_training_in_a_folder_in_use_is_refused_until_the_first_is_killed(tmp_path):
+    """The lock is the kernel's (flock): kill -9 of its holder frees the folder at once."""
+    import signal
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # holds the lock until it is killed
+        try:
+            with runs.training_lock(tmp_path):
+                os.write(write, b"locked")
+                signal.pause()
+        finally:
+            os._exit(1)
+    try:
+        assert os.read(read, 6) == b"locked"
+        with pytest.raises(ConfigError, match=rf"^{tmp_path} is in use by another training "
+                           rf"\(process {child}\): wait for it to end, or choose another "
+                           r"--output$"):
+            with runs.training_lock(tmp_path):
+                pass
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    with runs.training_lock(tmp_path):  # resuming after the kill
+        assert (tmp_path / runs.LOCK_FILE).read_text() == f"{os.getpid()}\n"
+    # Workers of one multi-worker run share a folder, each with a lock of its own.
+    with runs.training_lock(tmp_path):
+        os.environ["TF_CONFIG"] = '{"task": {"type": "worker", "index": 1}}'
+        try:
+            with runs.training_lock(tmp_path):
+                assert (tmp_path / ".train-worker-1.lock").is_file()
+        finally:
+            del os.environ["TF_CONFIG"]
