@@ -100,6 +100,12 @@ def _batched(function, batching: RequestBatching, queue: str):
             enable_large_batch_splitting=True, batch_timeout_micros=0,
             max_enqueued_batches=batching.max_enqueued_batches, shared_name=queue,
             Tout=[output.dtype for output in function.outputs])
+        # An empty call comes back as shape [0] whatever the output's rank (translate_nbest's
+        # [batch, beam] too): the inner dimensions the signature fixes are restored.
+        batch = tf.shape(source)[:1]
+        outputs = [tf.reshape(output, tf.concat([batch, spec.shape[1:].as_list()], 0))
+                   if spec.shape[1:].is_fully_defined() else output
+                   for output, spec in zip(outputs, function.outputs)]
         return tf.nest.pack_sequence_as(function.structured_outputs, outputs)
 
     return batched
