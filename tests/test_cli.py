@@ -477,3 +477,15 @@ def test_every_command_refuses_weights_with_flipped_bytes(fake_run, tmp_path, mo
         "recorded when it was written); no other checkpoint to average")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "source.txt"]
     assert not list(fake_run.path.glob("average_*"))
+
+
+def test_the_no_best_weights_notice_is_said_once(fake_run, tmp_path, caplog, capsys):
+    """It printed two to four times on export and translate (each lookup of the weights)."""
+    import logging
+
+    pytest.importorskip("ctranslate2")
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+        assert cli.main(["export", "--run", str(fake_run.path), "--format", "ctranslate2",
+                         "--output", str(tmp_path / "ct2")]) == 0
+    notices = [r for r in caplog.records if "has no best weights" in r.getMessage()]
+    assert len(notices) == 1, [r.getMessage() for r in notices]
