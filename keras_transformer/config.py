@@ -28,12 +28,16 @@ from typing import Any, Optional
 
 import yaml
 
+from keras_transformer.search_rules import STOPPING_RULES
+
 # Presets live with the experiments, beside the package in a source checkout.
 # `KERAS_TRANSFORMER_PRESETS` points elsewhere (e.g. for a non-editable install).
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRESETS_DIR = Path(os.environ.get("KERAS_TRANSFORMER_PRESETS", REPO_ROOT / "experiments" / "presets"))
 DATA_ENV = "KERAS_TRANSFORMER_DATA"
-ACTIVATIONS = ("relu", "gelu")  # model.activation (layers.feed_forward.ACTIVATIONS)
+# model.activation's values; each runtime says how it computes them
+# (layers.feed_forward.ACTIVATION_FUNCTIONS, ctranslate2_export's CTranslate2 names).
+ACTIVATIONS = ("relu", "gelu")
 # PAD, START, END and UNK take the first ids of every vocabulary (tokenizers.py).
 PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
 RESERVED_IDS = 4
@@ -43,6 +47,8 @@ RESERVED_IDS = 4
 SENTENCEPIECE_FILE = "sentencepiece.model"
 PROVENANCE_FILE = "keras_transformer.json"
 SECTIONS = ("model", "data", "train", "decode")
+# `keras-transformer export --format`: a SavedModel (TF Serving), or a CTranslate2 model folder.
+SAVEDMODEL_FORMAT, CTRANSLATE2_FORMAT = EXPORT_FORMATS = ("savedmodel", "ctranslate2")
 
 
 class ConfigError(ValueError):
@@ -283,8 +289,8 @@ class TrainConfig:
                       ("float32", "mixed_bfloat16", "mixed_float16", "auto"))
 
 
-# decode.stopping's values; keras_transformer.decoding.STOPPING_RULES says what each does.
-STOPPING_CHOICES = ("exact", "beam_full")
+# decode.stopping's values: search_rules.STOPPING_RULES, which says what each does.
+STOPPING_CHOICES = tuple(STOPPING_RULES)
 
 
 @dataclasses.dataclass

@@ -188,7 +188,7 @@ def ctranslate2_spec(model: Transformer) -> transformer_spec.TransformerSpec:
     sublayers, `PositionalEmbedding.positions`)."""
     config = model.config
     pre_norm = config.norm == "pre"
-    options = dict(pre_norm=pre_norm, activation=_ACTIVATIONS[config.activation])
+    options = dict(pre_norm=pre_norm, activation=CTRANSLATE2_ACTIVATIONS[config.activation])
     encoder = transformer_spec.TransformerEncoderSpec(config.num_layers, config.num_heads,
                                                       **options)
     decoder = transformer_spec.TransformerDecoderSpec(config.decoder_layers, config.num_heads,
@@ -222,8 +222,8 @@ def ctranslate2_spec(model: Transformer) -> transformer_spec.TransformerSpec:
     return spec
 
 
-# model.activation -> CTranslate2's; "gelu" is the exact (erf) form in both.
-_ACTIVATIONS = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
+# Each of `config.ACTIVATIONS` -> CTranslate2's; "gelu" is the exact (erf) form in both.
+CTRANSLATE2_ACTIVATIONS = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
 
 
 def _numpy(tensor) -> np.ndarray:

@@ -21,7 +21,9 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
-from keras_transformer.config import PROVENANCE_FILE, ConfigError
+from keras_transformer.config import (CTRANSLATE2_FORMAT, END_ID, EXPORT_FORMATS, PAD_ID,
+                                      PROVENANCE_FILE, SAVEDMODEL_FORMAT, START_ID, UNK_ID,
+                                      ConfigError)
 from keras_transformer.runs import Run, check_writable_folder
 from keras_transformer.text_io import errno_of, file_sha256, first_line, write_error
 from keras_transformer.text_normalization import NORMALIZATION
@@ -30,7 +32,6 @@ from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, STRINGS_S
                                           translator_from_run)
 
 WARMUP_FILE = "tf_serving_warmup_requests"  # in assets.extra/, replayed by TF Serving on load
-EXPORT_FORMATS = ("savedmodel", "ctranslate2")
 WARMUP_SENTENCES = ("Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "")
 
 
@@ -142,7 +143,7 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
     partial = export_dir.with_name(f".{export_dir.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     module = translator if batching is None else BatchingTranslator(translator, batching)
-    record = {**translator_provenance(translator), "format": "savedmodel",
+    record = {**translator_provenance(translator), "format": SAVEDMODEL_FORMAT,
               "request_batching": None if batching is None else dataclasses.asdict(batching),
               **(provenance or {})}
     try:
@@ -175,8 +176,8 @@ def translator_provenance(translator: Translator) -> dict:
         "vocabulary_size": {"source": translator.source_tokenizer.vocab_size,
                             "target": translator.target_tokenizer.vocab_size},
         "source_normalization": NORMALIZATION,
-        "source_markers": "START (id 1) and END (id 2) around every source",
-        "reserved_ids": {"pad": 0, "start": 1, "end": 2, "unk": 3},
+        "source_markers": f"START (id {START_ID}) and END (id {END_ID}) around every source",
+        "reserved_ids": {"pad": PAD_ID, "start": START_ID, "end": END_ID, "unk": UNK_ID},
         "search": {"serving_default": f"beam search, beam {decode.beam_size}",
                    "beam_size": decode.beam_size, "alpha": decode.alpha,
                    "length_penalty": "((5 + |Y|) / 6) ** alpha, |Y| counting END (GNMT)",
@@ -256,7 +257,7 @@ def next_version(model_root: str | os.PathLike) -> int:
 
 
 def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
-               version: int | None = None, format: str = "savedmodel",
+               version: int | None = None, format: str = SAVEDMODEL_FORMAT,
                quantization: str = "float32", batching: RequestBatching | None = None,
                **translator_args) -> Path:
     """Exports a training run: a SavedModel to `model_root/<version>/` (default: the next free
@@ -271,7 +272,7 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
         raise ConfigError(f"--format {format}: not one of {', '.join(EXPORT_FORMATS)}")
     if version is not None and version < 1:
         raise ConfigError(f"--version {version}: TF Serving versions are positive integers")
-    if format == "ctranslate2":
+    if format == CTRANSLATE2_FORMAT:
         if batching is not None:
             raise ConfigError("--batching is for SavedModel exports; CTranslate2 batches the "
                               "sentences of one call")
@@ -300,7 +301,7 @@ def _export_run_ctranslate2(run_dir, output_dir, quantization, **translator_args
     if output_dir.exists():
         raise FileExistsError(f"{output_dir} already exists: choose a new --output")
     translator = translator_from_run(run_dir, **translator_args)
-    provenance = {**translator_provenance(translator), "format": "ctranslate2",
+    provenance = {**translator_provenance(translator), "format": CTRANSLATE2_FORMAT,
                   **run_provenance(run_dir, translator_args.get("weights", "best"))}
     provenance.pop("search")  # the settings file states beam_size and alpha itself
     return export_ctranslate2(translator.model, translator.source_tokenizer,

@@ -567,6 +567,13 @@ def test_a_damaged_export_is_a_config_error_naming_the_folder(random_translation
             "exported; export the run again)")
 
 
+def test_every_configurable_activation_converts():
+    from keras_transformer.config import ACTIVATIONS
+    from keras_transformer.ctranslate2_export import CTRANSLATE2_ACTIVATIONS
+
+    assert set(CTRANSLATE2_ACTIVATIONS) == set(ACTIVATIONS)
+
+
 def test_the_export_records_model_bins_checksum_and_older_exports_load(random_translation_model,
                                                                        tmp_path):
     from keras_transformer.text_io import file_sha256
