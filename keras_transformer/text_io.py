@@ -188,14 +188,14 @@ _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EP
 
 
 def errno_of(error: BaseException) -> int | None:
-    """The errno of a failed write, from an OSError or from the message of a library's error
-    (h5py, TensorFlow); None if the message names none of `_WRITE_ERRNOS`."""
+    """The errno of a write the file system refused (one of `_WRITE_ERRNOS`), from an OSError
+    or from the message of a library's error (h5py, TensorFlow); None for any other error."""
     if getattr(error, "errno", None):
-        return error.errno
+        return error.errno if error.errno in _WRITE_ERRNOS else None
     text = str(error)
     found = re.search(r"errno = (\d+)", text)
     if found:
-        return int(found.group(1))
+        return int(found.group(1)) if int(found.group(1)) in _WRITE_ERRNOS else None
     return next((code for code in _WRITE_ERRNOS if os.strerror(code) in text), None)
 
 

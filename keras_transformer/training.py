@@ -29,6 +29,7 @@ from keras_transformer.model import Transformer
 from keras_transformer.runs import (LOCK_FILE, Run, check_writable_folder, prepare_tokenizers,
                                     training_lock, with_vocab_sizes)
 from keras_transformer.schedules import TransformerSchedule, create_optimizer, create_schedule
+from keras_transformer.text_io import errno_of
 from keras_transformer.tokenizers import META_FILE, training_tokenizers
 
 logger = logging.getLogger(__name__)
@@ -428,5 +429,15 @@ def _train(config: ExperimentConfig, output_dir: str | os.PathLike, verbose: str
                                         schedule.budget_spent),
             verbose=verbose,
         )
+    except (OSError, tf.errors.OpError) as error:
+        # A full disk or an unwritable folder, met by a checkpoint (save_weights says which
+        # file) or by the TensorBoard logs (TensorFlow says so in an OpError): one line.
+        if isinstance(error, OSError) and str(error).startswith("cannot write "):
+            raise
+        if not errno_of(error):
+            raise
+        why = getattr(error, "strerror", None) or os.strerror(errno_of(error))
+        raise OSError(f"cannot write in {run.path} ({why}); the run is as its last finished "
+                      "epoch left it: make room, then train again to resume") from None
     finally:
         keras.config.set_dtype_policy(previous_policy)

@@ -14,6 +14,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import keras
 import pytest
 import tensorflow as tf
 
@@ -224,10 +225,11 @@ def test_build_vocab_that_fails_leaves_no_folder(multi30k_dir, tmp_path, monkeyp
 
 # ----------------------------------------------------------------------------- train
 
-def test_a_checkpoint_onto_a_full_disk_stops_training_and_keeps_the_last_epoch(
+def test_a_checkpoint_or_log_onto_a_full_disk_stops_training_and_keeps_the_last_epoch(
         tiny_experiment, tmp_path, monkeypatch, capsys):
     """Epoch 2's checkpoint meets a full disk: one line, and the run stays as epoch 1 left it
-    (state, last weights that verify), so that `train` resumes from there."""
+    (state, last weights that verify), so that `train` resumes from there; then the resumed
+    run's TensorBoard logs do."""
     from helpers import write_config
 
     from keras_transformer.runs import Run, verify_weights
@@ -245,3 +247,20 @@ def test_a_checkpoint_onto_a_full_disk_stops_training_and_keeps_the_last_epoch(
     assert run.state()["epoch"] == 1 and partial_files(run_dir) == []
     assert [p.name for p in run.epoch_checkpoints()] == ["epoch_001.weights.h5"]
     assert verify_weights(run.weights_file("last")) == verify_weights(run.checkpoint_file(1))
+
+    # Resumed, its TensorBoard logs meet the full disk after epoch 2 is recorded (TensorFlow
+    # says so in an OpError).
+    monkeypatch.undo()
+
+    def full_logs(*args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(
+            None, None, f"{run_dir}/logs/train/events.out.tfevents.1; No space left on device")
+
+    monkeypatch.setattr(keras.callbacks.TensorBoard, "on_epoch_end", full_logs)
+    assert cli.main(["train", "--config", str(path), "--output", str(run_dir),
+                     "--progress", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"keras-transformer train: error: cannot write in {run_dir} (No space left on device); "
+        "the run is as its last finished epoch left it: make room, then train again to resume")
+    assert Run(run_dir).state()["epoch"] == 2 and partial_files(run_dir) == []
+    assert verify_weights(run.weights_file("last")) == verify_weights(run.checkpoint_file(2))
