@@ -244,6 +244,8 @@ def test_beam_rounds_give_the_search_to_the_cap(random_translation_model, tmp_pa
 
 
 def test_settings_file_and_layout(random_translation_model, tmp_path):
+    from keras_transformer.text_io import file_sha256
+
     model, tokenizer = random_translation_model
     folder = export(model, tokenizer, tmp_path / "ct2", quantization="float32",
                     provenance={"run": "runs/tiny", "weights": "best"})
@@ -252,7 +254,8 @@ def test_settings_file_and_layout(random_translation_model, tmp_path):
         "beam_size": 4, "alpha": 0.6, "patience": 1.0, "max_extra_length": 8,
         "max_positions": MAX_LENGTH, "max_source_length": MAX_LENGTH,
         "source_start": "<s>", "source_end": "</s>", "sentencepiece_model": "sentencepiece.model",
-        "quantization": "float32", "run": "runs/tiny", "weights": "best"}
+        "quantization": "float32", "run": "runs/tiny", "weights": "best",
+        "model_bin_sha256": file_sha256(folder / "model.bin")}
     assert (folder / "sentencepiece.model").is_file() and (folder / "model.bin").is_file()
     assert not list(tmp_path.glob(".*partial"))
 
