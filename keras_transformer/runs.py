@@ -48,7 +48,7 @@ import numpy as np
 from keras_transformer import data as data_lib
 from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig
 from keras_transformer.model import Transformer
-from keras_transformer.text_io import first_line, write_error
+from keras_transformer.text_io import errno_of, first_line, write_error
 from keras_transformer.tokenizers import (META_FILE, Tokenizer, build_tokenizers, load_tokenizers,
                                           vocabulary_checksum)
 
@@ -510,11 +510,13 @@ def check_weights_output(path: Path) -> None:
 @contextlib.contextmanager
 def write_errors(path: str | os.PathLike):
     """Turns what writing `path` raises when the disk is full or the folder unwritable
-    (OSError; h5py's RuntimeError) into a one-line OSError that names the file and says that
-    nothing was written."""
+    (OSError; h5py's RuntimeError, whose message holds the errno) into a one-line OSError that
+    names the file and says that nothing was written."""
     try:
         yield
     except (OSError, RuntimeError) as error:
+        if errno_of(error) is None:  # not the file system's refusal: a bug, with its traceback
+            raise
         _quiet_h5py_cleanup()
         raise write_error(path, error) from None
 

@@ -264,3 +264,25 @@ def test_a_checkpoint_or_log_onto_a_full_disk_stops_training_and_keeps_the_last_
         "the run is as its last finished epoch left it: make room, then train again to resume")
     assert Run(run_dir).state()["epoch"] == 2 and partial_files(run_dir) == []
     assert verify_weights(run.weights_file("last")) == verify_weights(run.checkpoint_file(2))
+
+
+# ----------------------------------------------------------------------------- the errors
+
+@pytest.mark.parametrize("error, code", [
+    (no_space(), errno.ENOSPC),
+    (PermissionError(errno.EACCES, "Permission denied"), errno.EACCES),
+    (OSError("Unable to synchronously create file (file write failed: time = ..., filename = "
+             "'x', errno = 28, error message = 'No space left on device', buf = 0x1)"),
+     errno.ENOSPC),
+    (tf.errors.ResourceExhaustedError(None, None, "x/saved_model.pb.tmp; No space left on device"),
+     errno.ENOSPC),
+    (FileNotFoundError(errno.ENOENT, "No such file or directory"), None),
+    (RuntimeError("a bug"), None)])
+def test_only_the_file_systems_refusals_count_as_write_errors(error, code):
+    from keras_transformer.text_io import errno_of, write_error
+
+    assert errno_of(error) == code
+    if code:
+        message = str(write_error("out.txt", error))
+        assert message == (f"cannot write out.txt ({os.strerror(code)}); nothing was written, "
+                           "what was there before is kept")
