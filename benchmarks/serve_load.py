@@ -52,6 +52,24 @@ Answer = tuple  # (tuple[bytes, ...], bytes)
 Signature = Callable[[Sequence[str]], Answer]
 
 
+def _number(kind, minimum, name):
+    """An argparse type: a finite `kind` (int or float) of at least `minimum` (clients 0, nan
+    seconds or -1 intra-op threads ran and then failed, hung or aborted the process)."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {name}") from None
+        if not math.isfinite(value) or value < minimum:
+            raise argparse.ArgumentTypeError(f"{text}: must be a finite number >= {minimum:g}")
+        return value
+    return parse
+
+
+POSITIVE_INT = _number(int, 1, "an integer")
+COUNT = _number(int, 0, "an integer")
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
@@ -60,17 +78,20 @@ def parse_args(argv=None):
     parser.add_argument("--data-dir", default=os.environ.get("KERAS_TRANSFORMER_DATA"),
                         help="raw Multi30k folder (default: $KERAS_TRANSFORMER_DATA)")
     parser.add_argument("--source-lang", default="de")
-    parser.add_argument("--clients", type=int, default=4, help="client threads (default 4)")
-    parser.add_argument("--seconds", type=float, default=30.0, help="load phase length")
-    parser.add_argument("--max-requests", type=int, default=2000,
+    parser.add_argument("--clients", type=POSITIVE_INT, default=4,
+                        help="client threads (default 4)")
+    parser.add_argument("--seconds", type=_number(float, 0.001, "a number"), default=30.0,
+                        help="load phase length")
+    parser.add_argument("--max-requests", type=POSITIVE_INT, default=2000,
                         help="the load phase also ends after this many requests")
-    parser.add_argument("--requests", type=int, default=24,
+    parser.add_argument("--requests", type=POSITIVE_INT, default=24,
                         help="distinct requests in the pool (each answered once in sequence "
                              "first)")
-    parser.add_argument("--max-batch", type=int, default=64, help="most sentences per request")
-    parser.add_argument("--memory-tolerance", type=float, default=0.10)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--intra-op", type=int, default=0,
+    parser.add_argument("--max-batch", type=POSITIVE_INT, default=64,
+                        help="most sentences per request")
+    parser.add_argument("--memory-tolerance", type=_number(float, 0, "a number"), default=0.10)
+    parser.add_argument("--seed", type=COUNT, default=0)
+    parser.add_argument("--intra-op", type=COUNT, default=0,
                         help="tf.config.threading intra-op threads (0: TensorFlow's default)")
     return parser.parse_args(argv)
 

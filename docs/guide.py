@@ -55,7 +55,9 @@ GUIDE_SIZE = os.environ.get("GUIDE_SIZE", "tiny")
 OUTPUT = Path(os.environ.get("GUIDE_OUTPUT") or tempfile.mkdtemp(prefix="keras-transformer-guide-"))
 assert GUIDE_SIZE in ("tiny", "full"), f"GUIDE_SIZE={GUIDE_SIZE!r}: tiny or full"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-print(f"size {GUIDE_SIZE}, writing to {OUTPUT}")
+# Not the folder itself: the outputs name no folder of the machine that ran them.
+print(f"size {GUIDE_SIZE}, writing to", "GUIDE_OUTPUT" if os.environ.get("GUIDE_OUTPUT")
+      else "a new temporary folder")
 
 # %%
 import dataclasses

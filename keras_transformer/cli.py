@@ -35,7 +35,7 @@ import sys
 import warnings
 
 from keras_transformer import __version__
-from keras_transformer.config import STOPPING_CHOICES, ConfigError
+from keras_transformer.config import EXPORT_FORMATS, STOPPING_CHOICES, ConfigError
 from keras_transformer.text_io import DataError, first_line
 
 # Errors that are the user's to fix: printed as one line, exit code 2. OSError holds
@@ -409,11 +409,11 @@ def _evaluate(args) -> int:
     _check_output_file(args.output, {"--source": args.source, "--reference": args.reference})
     sources, references = _read_aligned(args.source, args.reference, args.command)
     hypotheses = _translate_lines(args, sources)
-    if args.output:
-        write_lines(args.output, hypotheses)
     scores = score(hypotheses, references)
     for metric in ("bleu", "bleu_lowercase", "chrf", "chrf_lowercase"):
-        print(f"{metric}: {scores[metric]:.2f}  ({scores[metric + '_signature']})")
+        print(f"{metric}: {scores[metric]:.2f}  ({scores[metric + '_signature']})", flush=True)
+    if args.output:  # after the scores, which a full disk then does not cost
+        write_lines(args.output, hypotheses)
     return 0
 
 
@@ -646,7 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: the run's decode.beam_size)")
     export.add_argument("--alpha", type=_alpha, help="length penalty (default: decode.alpha)")
     export.add_argument("--weights", default="best", help="best, last, or a weight file")
-    export.add_argument("--format", choices=("savedmodel", "ctranslate2"), default="savedmodel",
+    export.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0],
                         help="savedmodel (TF Serving; OUTPUT/VERSION/) or ctranslate2 (a "
                              "CTranslate2 model folder at OUTPUT; needs the ctranslate2 extra)")
     export.add_argument("--quantization", default="float32",

@@ -29,12 +29,16 @@ from typing import Any, Optional
 
 import yaml
 
+from keras_transformer.search_rules import STOPPING_RULES
+
 # Presets live with the experiments, beside the package in a source checkout.
 # `KERAS_TRANSFORMER_PRESETS` points elsewhere (e.g. for a non-editable install).
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PRESETS_DIR = Path(os.environ.get("KERAS_TRANSFORMER_PRESETS", REPO_ROOT / "experiments" / "presets"))
 DATA_ENV = "KERAS_TRANSFORMER_DATA"
-ACTIVATIONS = ("relu", "gelu")  # model.activation (layers.feed_forward.ACTIVATIONS)
+# model.activation's values; each runtime says how it computes them
+# (layers.feed_forward.ACTIVATION_FUNCTIONS, ctranslate2_export's CTranslate2 names).
+ACTIVATIONS = ("relu", "gelu")
 # PAD, START, END and UNK take the first ids of every vocabulary (tokenizers.py).
 PAD_ID, START_ID, END_ID, UNK_ID = 0, 1, 2, 3
 RESERVED_IDS = 4
@@ -44,6 +48,8 @@ RESERVED_IDS = 4
 SENTENCEPIECE_FILE = "sentencepiece.model"
 PROVENANCE_FILE = "keras_transformer.json"
 SECTIONS = ("model", "data", "train", "decode")
+# `keras-transformer export --format`: a SavedModel (TF Serving), or a CTranslate2 model folder.
+SAVEDMODEL_FORMAT, CTRANSLATE2_FORMAT = EXPORT_FORMATS = ("savedmodel", "ctranslate2")
 
 
 class ConfigError(ValueError):
@@ -333,8 +339,8 @@ class TrainConfig:
                       ("float32", "mixed_bfloat16", "mixed_float16", "auto"))
 
 
-# decode.stopping's values; keras_transformer.decoding.STOPPING_RULES says what each does.
-STOPPING_CHOICES = ("exact", "beam_full")
+# decode.stopping's values: search_rules.STOPPING_RULES, which says what each does.
+STOPPING_CHOICES = tuple(STOPPING_RULES)
 
 
 @dataclasses.dataclass
@@ -504,10 +510,15 @@ def _yaml_error(error: yaml.YAMLError) -> str:
 
 def load_preset(name: str) -> dict:
     """The values of a model preset, by name (`experiments/presets/NAME.yaml`) or YAML path."""
-    path = Path(name) if str(name).endswith((".yaml", ".yml")) else PRESETS_DIR / f"{name}.yaml"
+    name = str(name)
+    path = Path(name) if name.endswith((".yaml", ".yml")) else PRESETS_DIR / f"{name}.yaml"
+    if not name.endswith((".yaml", ".yml")) and (Path(name).name != name or name.startswith(".")):
+        # "../demo" names experiments/demo.yaml, an experiment, not a preset
+        raise ConfigError(f"unknown model preset {name!r}: a preset is a name, one of "
+                          f"{preset_names()}, or a .yaml file's path")
     if not path.is_file():
-        known = sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
-        raise ConfigError(f"unknown model preset {name!r} ({path} not found); known: {known}")
+        raise ConfigError(f"unknown model preset {name!r} ({path} not found); known: "
+                          f"{preset_names()}")
     values = read_yaml(path) or {}
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: a model preset is a mapping of model keys, got {values!r}")

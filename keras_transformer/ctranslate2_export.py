@@ -40,9 +40,11 @@ import tensorflow as tf
 from ctranslate2.specs import common_spec, transformer_spec
 
 from keras_transformer.config import ConfigError, DecodeConfig
-from keras_transformer.ctranslate2_translator import SENTENCEPIECE_FILE, SETTINGS_FILE
+from keras_transformer.ctranslate2_translator import (MODEL_CHECKSUM, MODEL_FILE,
+                                                      SENTENCEPIECE_FILE, SETTINGS_FILE)
 from keras_transformer.layers.normalization import LAYER_NORM_EPSILON
 from keras_transformer.model import Transformer
+from keras_transformer.text_io import errno_of, file_sha256, write_error
 from keras_transformer.tokenizers import SentencePieceTokenizer, Tokenizer
 
 QUANTIZATIONS = ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES  # float32, int8, bfloat16, ...
@@ -58,7 +60,8 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
     """Writes `model` as a CTranslate2 model folder at `output_dir` (which must not exist).
 
     The folder holds CTranslate2's files, the SentencePiece model and `keras_transformer.json`
-    (the decoding settings, the source markers, `quantization`, and `provenance` merged in). It is
+    (the decoding settings, the source markers, `quantization`, the SHA-256 of `model.bin` that
+    `CTranslate2Translator` checks before loading it, and `provenance` merged in). It is
     written to a hidden sibling folder and renamed at the end, so it is never seen half-written.
 
     Args:
@@ -82,10 +85,9 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
         raise ConfigError(f"quantization={quantization!r} is not one of "
                           f"{', '.join(map(repr, QUANTIZATIONS))}")
     settings = export_settings(model, decode_config, quantization, max_source_length)
-    clashes = sorted(set(settings) & set(provenance or {}))
+    clashes = sorted((set(settings) | {MODEL_CHECKSUM}) & set(provenance or {}))
     if clashes:
         raise ConfigError(f"provenance keys {clashes} would overwrite the export's settings")
-    settings_text = json.dumps({**settings, **(provenance or {})}, indent=2) + "\n"
 
     output_dir = Path(output_dir)
     if output_dir.exists():
@@ -97,11 +99,16 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
         converter = KerasTransformerConverter(model, _vocabulary(sentencepiece_path))
         converter.convert(str(partial), quantization=quantization, force=True)
         shutil.copyfile(sentencepiece_path, partial / SENTENCEPIECE_FILE)
-        (partial / SETTINGS_FILE).write_text(settings_text)
-    except BaseException:
+        # What the runtime checks before loading: CTranslate2 loads damaged weights silently.
+        settings[MODEL_CHECKSUM] = file_sha256(partial / MODEL_FILE)
+        (partial / SETTINGS_FILE).write_text(
+            json.dumps({**settings, **(provenance or {})}, indent=2) + "\n")
+        os.replace(partial, output_dir)
+    except BaseException as error:
         shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(error, OSError) and errno_of(error):  # a full disk: one line
+            raise write_error(output_dir, error) from None
         raise
-    os.replace(partial, output_dir)
     return output_dir
 
 
@@ -184,7 +191,7 @@ def ctranslate2_spec(model: Transformer) -> transformer_spec.TransformerSpec:
     sublayers, `PositionalEmbedding.positions`)."""
     config = model.config
     pre_norm = config.norm == "pre"
-    options = dict(pre_norm=pre_norm, activation=_ACTIVATIONS[config.activation])
+    options = dict(pre_norm=pre_norm, activation=CTRANSLATE2_ACTIVATIONS[config.activation])
     encoder = transformer_spec.TransformerEncoderSpec(config.num_layers, config.num_heads,
                                                       **options)
     decoder = transformer_spec.TransformerDecoderSpec(config.decoder_layers, config.num_heads,
@@ -218,8 +225,8 @@ def ctranslate2_spec(model: Transformer) -> transformer_spec.TransformerSpec:
     return spec
 
 
-# model.activation -> CTranslate2's; "gelu" is the exact (erf) form in both.
-_ACTIVATIONS = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
+# Each of `config.ACTIVATIONS` -> CTranslate2's; "gelu" is the exact (erf) form in both.
+CTRANSLATE2_ACTIVATIONS = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}
 
 
 def _numpy(tensor) -> np.ndarray:

@@ -34,13 +34,15 @@ import sentencepiece
 from keras_transformer.config import PROVENANCE_FILE, SENTENCEPIECE_FILE, ConfigError
 from keras_transformer.search_rules import (NEG_INF, cannot_improve, finished_to_stop,
                                             length_penalty)
-from keras_transformer.text_io import first_line
+from keras_transformer.text_io import file_sha256, first_line
 from keras_transformer.text_normalization import normalize
 
 # What an export holds besides CTranslate2's own files (model.bin, config.json,
 # shared_vocabulary.json), written by `ctranslate2_export`: the SentencePiece model and the
 # settings (beam size, alpha, caps, markers) with the provenance.
 SETTINGS_FILE = PROVENANCE_FILE
+MODEL_FILE = "model.bin"  # CTranslate2's weights
+MODEL_CHECKSUM = "model_bin_sha256"  # in the settings: model.bin's SHA-256, checked on loading
 MAX_BATCH_SIZE = 32  # sentences per CTranslate2 batch (beam search decodes beam_size times more)
 BEAM_RULES = ("native", "exact")
 
@@ -70,7 +72,7 @@ class CTranslate2Translator:
     Args:
         model_dir: a folder written by `export_ctranslate2`.
         device, inter_threads, intra_threads, compute_type: see `ctranslate2.Translator`
-            (one thread each was fastest for small batches on a 2-core CPU, see FIELD-NOTES).
+            (one thread each was fastest for small batches on a 2-core CPU).
         beam_rule: "native" or "exact", see above.
         max_batch_size: CTranslate2 splits a call's sentences into batches of at most this
             many (0: never, so a batch is decoded as given).
@@ -98,6 +100,10 @@ class CTranslate2Translator:
             self.pad_id = self.processor.pad_id()
             self.start_id = self.processor.bos_id()
             self.end_id = self.processor.eos_id()
+            recorded = self.settings.get(MODEL_CHECKSUM)  # exports before it have none
+            if recorded is not None and file_sha256(self.model_dir / MODEL_FILE) != recorded:
+                raise ValueError(f"{MODEL_FILE} differs from the SHA-256 recorded in "
+                                 f"{SETTINGS_FILE} when it was exported; export the run again")
             self.translator = ctranslate2.Translator(
                 str(self.model_dir), device=device, compute_type=compute_type,
                 inter_threads=inter_threads, intra_threads=intra_threads)

@@ -11,7 +11,6 @@ runs behind a `BatchFunction` op (`RequestBatching`): concurrent calls are decod
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -22,17 +21,18 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
-from keras_transformer.config import PROVENANCE_FILE, ConfigError
+from keras_transformer.config import (CTRANSLATE2_FORMAT, END_ID, EXPORT_FORMATS, PAD_ID,
+                                      PROVENANCE_FILE, SAVEDMODEL_FORMAT, START_ID, UNK_ID,
+                                      ConfigError)
 from keras_transformer.fine_tuning import read_record
 from keras_transformer.runs import Run, check_writable_folder
-from keras_transformer.text_io import first_line
+from keras_transformer.text_io import errno_of, file_sha256, first_line, write_error
 from keras_transformer.text_normalization import NORMALIZATION
 from keras_transformer.tokenizers import without_sentencepiece_info
 from keras_transformer.translator import (SIGNATURES, Translator, signature_arguments,
                                           signature_inputs, translator_from_run)
 
 WARMUP_FILE = "tf_serving_warmup_requests"  # in assets.extra/, replayed by TF Serving on load
-EXPORT_FORMATS = ("savedmodel", "ctranslate2")
 WARMUP_SENTENCES = ("Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "")
 # The functions every export has had (later ones, such as translate_sampling, are newer).
 LOADER_FUNCTIONS = ("translate_greedy", "translate_beam", "translate_nbest")
@@ -103,6 +103,12 @@ def _batched(function, inputs: dict, batching: RequestBatching, queue: str):
             enable_large_batch_splitting=True, batch_timeout_micros=0,
             max_enqueued_batches=batching.max_enqueued_batches, shared_name=queue,
             Tout=[output.dtype for output in function.outputs])
+        # An empty call comes back as shape [0] whatever the output's rank (translate_nbest's
+        # [batch, beam] too): the inner dimensions the signature fixes are restored.
+        batch = tf.shape(source)[:1]
+        outputs = [tf.reshape(output, tf.concat([batch, spec.shape[1:].as_list()], 0))
+                   if spec.shape[1:].is_fully_defined() else output
+                   for output, spec in zip(outputs, function.outputs)]
         return tf.nest.pack_sequence_as(function.structured_outputs, outputs)
 
     return tf.function(run, input_signature=list(inputs.values()), autograph=False)
@@ -120,7 +126,7 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
     `provenance(translator)` updated with `provenance` (what `keras-transformer info --model`
     prints). It is written to a hidden sibling folder
     and renamed at the end, so that TF Serving, which watches the parent folder, never sees a
-    half-written version. The weights are exported frozen (`Translator(frozen_weights=True)`):
+    half-written version; a write that fails (a full disk: a one-line OSError) removes it. The weights are exported frozen (`Translator(frozen_weights=True)`):
     in the layout the decoding reads, prepared once here rather than at every request, and
     without a compiled model's optimizer state. With `batching`, concurrent calls of a signature
     are decoded together (`RequestBatching`).
@@ -138,16 +144,23 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
                                 frozen_weights=True)
     partial = export_dir.with_name(f".{export_dir.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
-    export_dir.parent.mkdir(parents=True, exist_ok=True)
     module = translator if batching is None else BatchingTranslator(translator, batching)
-    tf.saved_model.save(module, str(partial), signatures=module.signatures())
-    if warmup_sentences is not None:
-        write_warmup_requests(partial, warmup_sentences, model_name=export_dir.parent.name)
-    record = {**translator_provenance(translator), "format": "savedmodel",
+    record = {**translator_provenance(translator), "format": SAVEDMODEL_FORMAT,
               "request_batching": None if batching is None else dataclasses.asdict(batching),
               **(provenance or {})}
-    write_provenance(partial / "assets.extra", record)
-    os.replace(partial, export_dir)
+    try:
+        export_dir.parent.mkdir(parents=True, exist_ok=True)
+        tf.saved_model.save(module, str(partial), signatures=module.signatures())
+        if warmup_sentences is not None:
+            write_warmup_requests(partial, warmup_sentences, model_name=export_dir.parent.name)
+        write_provenance(partial / "assets.extra", record)
+        os.replace(partial, export_dir)
+    except BaseException as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        # A full disk or an unwritable folder (TensorFlow says so in an OpError): one line.
+        if isinstance(error, (OSError, tf.errors.OpError)) and errno_of(error):
+            raise write_error(export_dir, error) from None
+        raise
     return export_dir
 
 
@@ -165,8 +178,8 @@ def translator_provenance(translator: Translator) -> dict:
         "vocabulary_size": {"source": translator.source_tokenizer.vocab_size,
                             "target": translator.target_tokenizer.vocab_size},
         "source_normalization": NORMALIZATION,
-        "source_markers": "START (id 1) and END (id 2) around every source",
-        "reserved_ids": {"pad": 0, "start": 1, "end": 2, "unk": 3},
+        "source_markers": f"START (id {START_ID}) and END (id {END_ID}) around every source",
+        "reserved_ids": {"pad": PAD_ID, "start": START_ID, "end": END_ID, "unk": UNK_ID},
         "search": {"serving_default": f"beam search, beam {decode.beam_size}",
                    "beam_size": decode.beam_size, "alpha": decode.alpha,
                    "length_penalty": "((5 + |Y|) / 6) ** alpha, |Y| counting END (GNMT)",
@@ -190,14 +203,6 @@ def run_provenance(run_dir: str | os.PathLike, weights: str = "best") -> dict:
     if init is not None:  # a fine-tuned run: what it started from
         record["init_from"] = init
     return record
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_provenance(folder: str | os.PathLike, record: dict) -> Path:
@@ -260,7 +265,7 @@ def next_version(model_root: str | os.PathLike) -> int:
 
 
 def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
-               version: int | None = None, format: str = "savedmodel",
+               version: int | None = None, format: str = SAVEDMODEL_FORMAT,
                quantization: str = "float32", batching: RequestBatching | None = None,
                **translator_args) -> Path:
     """Exports a training run: a SavedModel to `model_root/<version>/` (default: the next free
@@ -275,7 +280,7 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
         raise ConfigError(f"--format {format}: not one of {', '.join(EXPORT_FORMATS)}")
     if version is not None and version < 1:
         raise ConfigError(f"--version {version}: TF Serving versions are positive integers")
-    if format == "ctranslate2":
+    if format == CTRANSLATE2_FORMAT:
         if batching is not None:
             raise ConfigError("--batching is for SavedModel exports; CTranslate2 batches the "
                               "sentences of one call")
@@ -304,7 +309,7 @@ def _export_run_ctranslate2(run_dir, output_dir, quantization, **translator_args
     if output_dir.exists():
         raise FileExistsError(f"{output_dir} already exists: choose a new --output")
     translator = translator_from_run(run_dir, **translator_args)
-    provenance = {**translator_provenance(translator), "format": "ctranslate2",
+    provenance = {**translator_provenance(translator), "format": CTRANSLATE2_FORMAT,
                   **run_provenance(run_dir, translator_args.get("weights", "best"))}
     provenance.pop("search")  # the settings file states beam_size and alpha itself
     return export_ctranslate2(translator.model, translator.source_tokenizer,

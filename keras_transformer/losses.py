@@ -5,7 +5,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from keras_transformer.tokenizers import PAD_ID
+from keras_transformer.config import PAD_ID
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

@@ -9,12 +9,11 @@ import tensorflow as tf
 from keras import ops
 
 from keras_transformer import compat
-from keras_transformer.config import ModelConfig, from_dict
+from keras_transformer.config import PAD_ID, ModelConfig, from_dict
 from keras_transformer.layers import Decoder, Encoder, PositionalEmbedding
 from keras_transformer.layers.attention import attention_bias
 from keras_transformer.layers.ops import Packing, value
 from keras_transformer.losses import sum_over_replicas, symmetric_kl_of_halves, target_weights
-from keras_transformer.tokenizers import PAD_ID
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")

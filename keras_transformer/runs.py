@@ -22,27 +22,35 @@ Every file but the TensorBoard logs is written to a temporary name (`.partial-PI
 renamed, so a kill leaves the previous version whole, never half a file. `state.json` is written
 last at the end of an epoch: a killed run resumes from its newest epoch checkpoint that loads,
 and a run whose `state.json` says it is done is finished. Weight files carry the model config
-they were trained with (an HDF5 attribute), which `load_weights` checks.
+they were trained with and a SHA-256 of their contents (HDF5 attributes), which `load_weights`
+checks before a file becomes a model: a damaged file, or one with non-finite values, is refused
+by name, never loaded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import fcntl
+import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import h5py
+import numpy as np
 
 from keras_transformer import data as data_lib
 from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig
 from keras_transformer.model import Transformer
-from keras_transformer.text_io import first_line
-from keras_transformer.tokenizers import META_FILE, Tokenizer, build_tokenizers, load_tokenizers
+from keras_transformer.text_io import errno_of, first_line, write_error
+from keras_transformer.tokenizers import (META_FILE, Tokenizer, build_tokenizers, load_tokenizers,
+                                          vocabulary_checksum)
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +60,19 @@ CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_PATTERN = "epoch_{epoch:03d}.weights.h5"
 WEIGHT_NAMES = ("best", "last")
 PARTIAL_PREFIX = ".partial-"
+LOCK_FILE = ".train.lock"  # held by the training that writes in the folder (`training_lock`)
 # HDF5 attributes of the weight files this package writes.
 MODEL_CONFIG_ATTR = "keras_transformer.model_config"
 RANDOM_STATES_ATTR = "keras_transformer.random_states"
 TRAINING_MINUTES_ATTR = "keras_transformer.training_minutes"  # epoch checkpoints
+# The SHA-256 of the file's arrays and of the attributes above (`weights_checksum`). It lives in
+# the file, not in a list beside it, so that it is renamed into place with the file (a kill
+# cannot leave the two out of step) and goes with a copy of it (`--weights PATH`).
+CHECKSUM_ATTR = "keras_transformer.weights_sha256"
+# The vocabulary the ids index (`tokenizers.vocabulary_checksum`): another vocabulary of the
+# same size fits the model's shapes and turns every output into other words.
+VOCABULARY_ATTR = "keras_transformer.vocabulary_sha256"
+CHECKED_ATTRS = (MODEL_CONFIG_ATTR, RANDOM_STATES_ATTR, TRAINING_MINUTES_ATTR, VOCABULARY_ATTR)
 # What `--overwrite` deletes: everything `training.train` writes, and nothing else (backup/:
 # Keras's BackupAndRestore folder, which runs made before state.json may hold).
 RUN_ENTRIES = (CONFIG_FILE, STATE_FILE, "vocab", CHECKPOINT_DIR, "last.weights.h5",
@@ -63,7 +80,8 @@ RUN_ENTRIES = (CONFIG_FILE, STATE_FILE, "vocab", CHECKPOINT_DIR, "last.weights.h
 
 
 class DamagedWeightsError(ConfigError):
-    """A weight file cannot be read (truncated, or not HDF5)."""
+    """A weight file cannot be read (truncated, or not HDF5), does not match the checksum it was
+    written with, or holds non-finite values."""
 
 
 class Run:
@@ -72,6 +90,7 @@ class Run:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._config: ExperimentConfig | None = None
+        self._vocabulary: str | None = None
 
     @classmethod
     def create(cls, config: ExperimentConfig, path: str | os.PathLike, *,
@@ -116,7 +135,7 @@ class Run:
         if deleted:
             logger.warning("deleted the previous run in %s (--overwrite): %s", self.path,
                            ", ".join(deleted))
-        self._config = None
+        self._config = self._vocabulary = None
         return deleted
 
     # ------------------------------------------------------------------------- paths
@@ -167,9 +186,16 @@ class Run:
         return self._config
 
     def save_config(self, config: ExperimentConfig) -> None:
-        with atomic_path(self.config_path) as partial:
+        with write_errors(self.config_path), atomic_path(self.config_path) as partial:
             config.to_yaml(partial)
         self._config = config
+
+    def vocabulary_checksum(self) -> str | None:
+        """`tokenizers.vocabulary_checksum` of the run's vocabulary (None before it is
+        written), read once."""
+        if self._vocabulary is None:
+            self._vocabulary = vocabulary_checksum(self.vocab_dir)
+        return self._vocabulary
 
     def tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
         """(source, target) tokenizers from the run's vocabulary."""
@@ -186,8 +212,8 @@ class Run:
             if weights == "best" and not path.exists():
                 if not self.weights_file("last").exists():
                     raise ConfigError(f"no weights at {path} or {self.weights_file('last')}")
-                logger.warning("%s has no best weights (%s); using the last epoch's",
-                               self.path, path.name)
+                _warn_once("%s has no best weights (%s); using the last epoch's", self.path,
+                           path.name)
                 path = self.weights_file("last")
         if not path.exists():
             raise ConfigError(f"no weights at {path}")
@@ -198,12 +224,19 @@ class Run:
     def load_model(self, weights: str = "best") -> Transformer:
         """The run's model (never compiled) with `best`, `last`, or a weight file's path.
 
-        ConfigError, naming the file, if it is damaged or was trained with another model config
-        than the run's `config.yaml`."""
+        ConfigError, naming the file, if it is damaged (`verify_weights`: the line says which
+        other weights to choose) or was trained with another model config than the run's
+        `config.yaml`."""
         path = self.weights_path(weights)
         model = Transformer(self.config.model)
         model.build()
-        load_weights(model, path, self.config.model, self.config_path)
+        try:
+            load_weights(model, path, self.config.model, self.config_path,
+                         vocabulary=self.vocabulary_checksum(), vocab_dir=self.vocab_dir)
+        except DamagedWeightsError as error:
+            raise DamagedWeightsError(
+                f"{error}; choose other weights with --weights: best, last, or a checkpoint "
+                f"({self.checkpoint_dir}/epoch_NNN.weights.h5)") from None
         return model
 
     def epoch_checkpoints(self) -> list[Path]:
@@ -273,7 +306,8 @@ class Run:
         state never names a missing file)."""
         checkpoint = self.checkpoint_file(epoch)
         checkpoint.parent.mkdir(exist_ok=True)
-        save_weights(model, checkpoint, training_minutes=training_minutes)
+        save_weights(model, checkpoint, training_minutes=training_minutes,
+                     vocabulary=self.vocabulary_checksum())
         copy_file(checkpoint, self.weights_file("last"))
         state = self.state() or {}
         best = state.get("best")
@@ -306,7 +340,7 @@ class Run:
         return 0.0 if minutes is None else float(minutes)
 
     def _write_state(self, state: dict) -> None:
-        with atomic_path(self.state_path) as partial:
+        with write_errors(self.state_path), atomic_path(self.state_path) as partial:
             partial.write_text(json.dumps(state, indent=1) + "\n")
 
     def restore(self, model) -> int:
@@ -319,7 +353,8 @@ class Run:
         damaged = []
         for path in reversed(checkpoints):
             try:
-                load_weights(model, path, self.config.model, self.config_path)
+                load_weights(model, path, self.config.model, self.config_path,
+                             vocabulary=self.vocabulary_checksum(), vocab_dir=self.vocab_dir)
             except DamagedWeightsError as error:
                 logger.warning("%s", error)
                 damaged.append(path.name)
@@ -366,17 +401,61 @@ class Run:
         model = Transformer(config.model)
         model.build()
         total = None
-        for path in paths[-last:]:
-            load_weights(model, path, config.model, self.config_path)
+        for index, path in enumerate(paths[-last:]):
+            try:
+                load_weights(model, path, config.model, self.config_path,
+                             vocabulary=self.vocabulary_checksum(), vocab_dir=self.vocab_dir)
+            except DamagedWeightsError as error:
+                newer = last - index - 1
+                others = [f"--last {newer} (the newer ones)"] if newer else []
+                if _epoch_of(path) > 1:
+                    others.append(f"--upper-bound {_epoch_of(path) - 1}")
+                advice = (f"average the others ({' or '.join(others)})" if others
+                          else "no other checkpoint to average")
+                raise DamagedWeightsError(f"{error}; {advice}") from None
             weights = model.get_weights()
             total = weights if total is None else [t + w for t, w in zip(total, weights)]
         model.set_weights([(t / last).astype(w.dtype) for t, w in zip(total, model.get_weights())])
         output.parent.mkdir(parents=True, exist_ok=True)
-        save_weights(model, output)
+        save_weights(model, output, vocabulary=self.vocabulary_checksum())
         return output
 
 
 # ----------------------------------------------------------------------------- files
+
+@contextlib.contextmanager
+def training_lock(path: str | os.PathLike):
+    """Holds an exclusive lock on the run folder `path` (an existing folder) while a training
+    writes in it: `flock` on `path/.train.lock`, which holds the process id.
+
+    A second training in the folder is refused (ConfigError) in one line naming the first
+    one's process. The kernel releases the lock when that process ends, by kill -9 too, so a
+    killed run resumes at once. Workers of one multi-worker run (TF_CONFIG) may share a folder:
+    each locks a file of its own.
+    """
+    path = Path(path)
+    try:
+        task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
+    except (ValueError, AttributeError):
+        task = {}
+    name = f".train-{task.get('type')}-{task.get('index')}.lock" if task else LOCK_FILE
+    try:
+        fd = os.open(path / name, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise write_error(path / name, error) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise ConfigError(f"{path} is in use by another training (process {holder}): wait "
+                              "for it to end, or choose another --output") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        yield
+    finally:
+        os.close(fd)
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
@@ -396,8 +475,10 @@ def atomic_path(path: str | os.PathLike):
 
 
 def copy_file(source: Path, target: Path) -> None:
-    """Copies `source` to `target` through a temporary file (`atomic_path`)."""
-    with atomic_path(target) as partial:
+    """Copies `source` to `target` through a temporary file (`atomic_path`); a full disk is
+    a one-line OSError (`write_errors`) that leaves `target` as it was."""
+    check_free_space(target, source.stat().st_size)
+    with write_errors(target), atomic_path(target) as partial:
         shutil.copyfile(source, partial)
 
 
@@ -426,13 +507,66 @@ def check_weights_output(path: Path) -> None:
     check_writable_folder(path.parent, f"the folder of {path}:")
 
 
+@contextlib.contextmanager
+def write_errors(path: str | os.PathLike):
+    """Turns what writing `path` raises when the disk is full or the folder unwritable
+    (OSError; h5py's RuntimeError, whose message holds the errno) into a one-line OSError that
+    names the file and says that nothing was written."""
+    try:
+        yield
+    except (OSError, RuntimeError) as error:
+        if errno_of(error) is None:  # not the file system's refusal: a bug, with its traceback
+            raise
+        _quiet_h5py_cleanup()
+        raise write_error(path, error) from None
+
+
+def _quiet_h5py_cleanup() -> None:
+    """After a failed write h5py says so again, as a traceback on stderr, whenever it frees the
+    file's objects (Python calls that an unraisable exception): the one-line error has said it."""
+    previous = sys.unraisablehook
+    if getattr(previous, "keras_transformer_h5py", False):
+        return
+
+    def hook(unraisable):
+        if not (isinstance(unraisable.exc_value, RuntimeError)
+                and "h5py" in repr(unraisable.object)):
+            previous(unraisable)
+
+    hook.keras_transformer_h5py = True
+    sys.unraisablehook = hook
+
+
+def check_free_space(path: str | os.PathLike, size: int) -> None:
+    """OSError (ENOSPC) unless the file system of `path`'s folder has `size` bytes free."""
+    folder = Path(path).parent
+    while not folder.exists():
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    if free < size:
+        raise write_error(path, OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: "
+                                        f"{size / 1e6:.1f} MB needed, {free / 1e6:.1f} MB free"))
+
+
 def save_weights(model: Transformer, path: str | os.PathLike, *,
-                 training_minutes: float | None = None) -> Path:
+                 training_minutes: float | None = None, vocabulary: str | None = None) -> Path:
     """`model.save_weights(path)` (with the optimizer's state if it is compiled) written through
-    a temporary file, with the model config, dropout's seed states and `training_minutes` (if
-    given) as HDF5 attributes."""
+    a temporary file, with the model config, dropout's seed states, `training_minutes` and the
+    `vocabulary`'s checksum (`tokenizers.vocabulary_checksum`), if given, and the checksum of
+    all of them (`weights_checksum`) as HDF5 attributes.
+
+    A full disk or an unwritable folder is an OSError in one line, checked before writing
+    where it can be (h5py has crashed the process on a full disk), with nothing left behind:
+    a previous file at `path` stays as it was.
+    """
     path = Path(path)
-    with atomic_path(path) as partial:
+    variables = list(model.variables)
+    if getattr(model, "optimizer", None) is not None and model.compiled:
+        variables += list(model.optimizer.variables)
+    # The arrays, and HDF5's few kilobytes of names and headers for each.
+    check_free_space(path, sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize + 4096
+                               for v in variables))
+    with write_errors(path), atomic_path(path) as partial:
         model.save_weights(partial)
         with h5py.File(partial, "a") as f:
             f.attrs[MODEL_CONFIG_ATTR] = json.dumps(dataclasses.asdict(model.config))
@@ -440,7 +574,62 @@ def save_weights(model: Transformer, path: str | os.PathLike, *,
                 [state.numpy().tolist() for state in random_states(model)])
             if training_minutes is not None:
                 f.attrs[TRAINING_MINUTES_ATTR] = float(training_minutes)
+            if vocabulary is not None:
+                f.attrs[VOCABULARY_ATTR] = vocabulary
+            f.attrs[CHECKSUM_ATTR] = weights_checksum(f)
     return path
+
+
+def weights_checksum(f: h5py.File) -> str:
+    """The SHA-256 of a weight file's arrays (each with its name, dtype and shape, in name
+    order) and of its attributes `CHECKED_ATTRS`: what `save_weights` records and
+    `verify_weights` recomputes."""
+    digest = hashlib.sha256()
+    names = []
+    f.visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
+    for name in sorted(names):
+        array = np.ascontiguousarray(f[name][()])
+        digest.update(f"{name} {array.dtype.str} {array.shape}\n".encode())
+        digest.update(array.tobytes())
+    for name in CHECKED_ATTRS:
+        value = f.attrs.get(name)
+        digest.update(f"{name}={'' if value is None else value}\n".encode())
+    return digest.hexdigest()
+
+
+def verify_weights(path: str | os.PathLike) -> str | None:
+    """Checks a weight file before it becomes a model; returns the checksum it records (None
+    for a file written by Keras alone, whose values are still checked).
+
+    Raises DamagedWeightsError naming the file if it cannot be read, if its arrays or
+    attributes differ from the checksum `save_weights` recorded (bytes changed on disk), or if
+    an array holds NaN or infinity (a diverged training saved them).
+    """
+    path = Path(path)
+    try:
+        with h5py.File(path, "r") as f:
+            recorded = f.attrs.get(CHECKSUM_ATTR)
+            actual = weights_checksum(f) if recorded is not None else None
+            not_finite = _first_not_finite(f)
+    except (OSError, RuntimeError, KeyError, ValueError) as error:  # h5py: RuntimeError for
+        raise DamagedWeightsError(f"{path} is damaged ({first_line(error)})") from None  # metadata
+    if recorded is not None and actual != str(recorded):
+        raise DamagedWeightsError(f"{path} is damaged (its contents differ from the SHA-256 "
+                                  "recorded when it was written)")
+    if not_finite:
+        raise DamagedWeightsError(f"{path} is damaged (non-finite values in {not_finite})")
+    return None if recorded is None else str(recorded)
+
+
+def _first_not_finite(f: h5py.File) -> str | None:
+    """The name of the first floating-point array of `f` holding NaN or infinity, or None."""
+    names = []
+    f.visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
+    for name in sorted(names):
+        array = f[name][()]
+        if np.asarray(array).dtype.kind == "f" and not np.isfinite(array).all():
+            return name
+    return None
 
 
 def weight_file_attrs(path: Path, *names: str) -> list:
@@ -454,16 +643,26 @@ def weight_file_attrs(path: Path, *names: str) -> list:
 
 
 def load_weights(model: Transformer, path: str | os.PathLike, config: ModelConfig,
-                 where: str | os.PathLike = "the config") -> None:
+                 where: str | os.PathLike = "the config", *, vocabulary: str | None = None,
+                 vocab_dir: str | os.PathLike | None = None) -> None:
     """Loads a weight file into `model`, and dropout's seed states if the file has them.
 
-    Raises DamagedWeightsError naming the file if it cannot be read, and ConfigError naming the
-    first model field that differs between the file's config and `config` (read from `where`),
-    with both values. Dropout is not compared: it acts only in training. Files written without
-    the config attribute (by Keras directly) are loaded unchecked.
+    Raises DamagedWeightsError naming the file if it cannot be read, does not match its
+    checksum or holds non-finite values (`verify_weights`, before anything is loaded), and
+    ConfigError naming the first model field that differs between the file's config and
+    `config` (read from `where`), with both values. Dropout is not compared: it acts only in
+    training. ConfigError too if the file was trained with another vocabulary than the one whose
+    checksum is `vocabulary` (read from `vocab_dir`). Files written without these attributes
+    (by Keras directly) are loaded unchecked.
     """
     path = Path(path)
-    trained, states = weight_file_attrs(path, MODEL_CONFIG_ATTR, RANDOM_STATES_ATTR)
+    trained, states, trained_vocabulary = weight_file_attrs(
+        path, MODEL_CONFIG_ATTR, RANDOM_STATES_ATTR, VOCABULARY_ATTR)
+    verify_weights(path)
+    if None not in (vocabulary, trained_vocabulary) and trained_vocabulary != vocabulary:
+        raise ConfigError(f"{path} was trained with another vocabulary than {vocab_dir} (its "
+                          "ids would stand for other pieces): use weights trained with this "
+                          "vocabulary")
     if trained is not None:
         try:
             trained = json.loads(trained)
@@ -487,6 +686,16 @@ def load_weights(model: Transformer, path: str | os.PathLike, config: ModelConfi
         if len(saved) == len(variables):
             for variable, value in zip(variables, saved):
                 variable.assign(value)
+
+
+_warned = set()
+
+
+def _warn_once(message: str, *args) -> None:
+    """Logs a warning once per process: a command looks the same weights up several times."""
+    if (message, args) not in _warned:
+        _warned.add((message, args))
+        logger.warning(message, *args)
 
 
 def random_states(model: Transformer) -> list:
@@ -527,13 +736,15 @@ def _epoch_of(path: Path) -> int:
 
 
 def _comparable(config: ExperimentConfig) -> dict:
-    """The config without what training fills in (vocabulary sizes), may extend (epochs) or
-    only changes what TensorBoard shows (log_every_steps)."""
+    """The config without what training fills in (vocabulary sizes), may extend (epochs),
+    only changes what TensorBoard shows (log_every_steps) or says where the same data is
+    cached (tfds_data_dir: a machine's folder, not the data)."""
     values = config.to_dict()
     for key in ("source_vocab_size", "target_vocab_size"):
         values["model"].pop(key)
     values["train"].pop("epochs")
     values["train"].pop("log_every_steps")
+    values["data"].pop("tfds_data_dir")
     return values
 
 

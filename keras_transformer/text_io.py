@@ -9,7 +9,9 @@ line never costs the others their translations.
 from __future__ import annotations
 
 import codecs
+import errno
 import gzip
+import hashlib
 import io
 import os
 import re
@@ -143,7 +145,64 @@ def one_line(text: str) -> str:
 
 
 def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> None:
-    """Writes exactly one line per item (`one_line`), UTF-8."""
-    with io.open(path, "w", encoding="utf-8", newline="\n") as f:
-        for line in lines:
-            f.write(one_line(line) + "\n")
+    """Writes exactly one line per item (`one_line`), UTF-8, whole or not at all: a regular
+    file is written through a temporary file beside it and renamed, so that a full disk or an
+    unwritable folder (an OSError naming `path`, `write_error`) leaves no partial file and
+    `path` as it was. Anything else (`/dev/stdout`, a pipe) is written directly."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        with io.open(path, "w", encoding="utf-8", newline="\n") as f:
+            for line in lines:
+                f.write(one_line(line) + "\n")
+        return
+    partial = path.with_name(f".partial-{os.getpid()}-{path.name}")
+    try:
+        with io.open(partial, "w", encoding="utf-8", newline="\n") as f:
+            for line in lines:
+                f.write(one_line(line) + "\n")
+        os.replace(partial, path)
+    except OSError as error:
+        raise write_error(path, error) from None
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def write_error(path: str | os.PathLike, error: BaseException) -> OSError:
+    """The one-line OSError for a file or folder `path` that could not be written (a full disk,
+    no permission: `error`, whose errno it keeps), saying that nothing of it was left."""
+    code = errno_of(error)
+    if getattr(error, "errno", None) and getattr(error, "strerror", None):
+        why = first_line(error.strerror)
+    else:  # h5py and TensorFlow put the errno in a message of several lines
+        why = os.strerror(code) if code else first_line(error)
+    failure = OSError(f"cannot write {path} ({why}); nothing was written, what was there "
+                      "before is kept")
+    failure.errno = code
+    return failure
+
+
+# What a file system refuses a write with. Libraries that are not Python's own say it in their
+# own words: h5py "errno = 28, error message = '...'", TensorFlow "...; No space left on device".
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM,
+                 errno.EROFS, errno.EIO)
+
+
+def errno_of(error: BaseException) -> int | None:
+    """The errno of a write the file system refused (one of `_WRITE_ERRNOS`), from an OSError
+    or from the message of a library's error (h5py, TensorFlow); None for any other error."""
+    if getattr(error, "errno", None):
+        return error.errno if error.errno in _WRITE_ERRNOS else None
+    text = str(error)
+    found = re.search(r"errno = (\d+)", text)
+    if found:
+        return int(found.group(1)) if int(found.group(1)) in _WRITE_ERRNOS else None
+    return next((code for code in _WRITE_ERRNOS if os.strerror(code) in text), None)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, in hex (what `sha256sum` prints)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -25,10 +25,12 @@ files made with other settings.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -49,6 +51,7 @@ from keras_transformer.config import (  # noqa: F401 (the reserved ids, re-expor
     ConfigError,
     DataConfig,
 )
+from keras_transformer.text_io import errno_of, write_error
 from keras_transformer.text_normalization import INVISIBLE_PATTERN, WHITESPACE_PATTERN
 
 logger = logging.getLogger(__name__)
@@ -56,7 +59,8 @@ logger = logging.getLogger(__name__)
 WORDPIECE_RESERVED = ["[PAD]", "[START]", "[END]", "[UNK]"]  # in id order
 META_FILE = "tokenizer.json"
 
-# tf-text ops the TF Serving model server links (see FIELD-NOTES): graphs may use no other custom op.
+# tf-text ops the TF Serving model server links, by the Serving version that added them: graphs
+# may use no other custom op.
 SERVING_TF_TEXT_OPS = frozenset({
     # BertTokenizer (since Serving 2.2)
     "CaseFoldUTF8", "NormalizeUTF8", "RegexSplitWithOffsets", "WordpieceTokenizeWithOffsets",
@@ -389,30 +393,65 @@ def build_tokenizers(data_config: DataConfig, train_pairs: tf.data.Dataset,
 
     SentencePiece: one joint model from both sides (the two returned tokenizers are the same
     object). WordPiece: one vocabulary per language. Pass training pairs only, never test pairs.
+
+    The files are written into a hidden sibling folder and moved into `vocab_dir` at the end: a
+    failure (a vocabulary size the data cannot give, a full disk: a one-line OSError) leaves no
+    file and no folder that was not there before.
     """
     settings = _settings(data_config)
     vocab_dir = Path(vocab_dir)
-    vocab_dir.mkdir(parents=True, exist_ok=True)
-    if data_config.tokenizer == "sentencepiece":
-        def both_sides():
-            # Blocks of pairs: tf.data costs about as much per element as per block.
-            for sources, targets in train_pairs.batch(1024).as_numpy_iterator():
-                for source, target in zip(sources, targets):
-                    yield source.decode("utf-8")
-                    yield target.decode("utf-8")
-        train_sentencepiece(both_sides(), vocab_dir / SENTENCEPIECE_FILE, data_config.vocab_size,
-                            max_sentences=data_config.vocab_sample_sentences,
-                            # with the word-start mark that SentencePiece puts before a
-                            # word, so that "<BT> Ein" is "▁<BT>", "▁Ein" and not "▁", "<BT>", ...
-                            symbols=["\u2581" + tag for tag in corpus_tags(data_config)])
-    else:
-        for index, lang in enumerate(_wordpiece_langs(data_config)):
-            side = train_pairs.map(lambda *pair, i=index: pair[i])
-            learn_wordpiece_vocab(side, vocab_dir / f"wordpiece.{lang}.vocab",
-                                  data_config.vocab_size, data_config.lowercase)
-    (vocab_dir / META_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+    created = [folder for folder in (vocab_dir, *vocab_dir.parents) if not folder.exists()]
+    partial = vocab_dir.with_name(f".{vocab_dir.name}.partial-{os.getpid()}")
+    try:
+        partial.mkdir(parents=True)
+        if data_config.tokenizer == "sentencepiece":
+            def both_sides():
+                # Blocks of pairs: tf.data costs about as much per element as per block.
+                for sources, targets in train_pairs.batch(1024).as_numpy_iterator():
+                    for source, target in zip(sources, targets):
+                        yield source.decode("utf-8")
+                        yield target.decode("utf-8")
+            train_sentencepiece(both_sides(), partial / SENTENCEPIECE_FILE,
+                                data_config.vocab_size,
+                                max_sentences=data_config.vocab_sample_sentences,
+                                # with the word-start mark that SentencePiece puts before a
+                                # word: "<BT> Ein" is "▁<BT>", "▁Ein", not "▁", "<BT>", ...
+                                symbols=["\u2581" + tag for tag in corpus_tags(data_config)])
+        else:
+            for index, lang in enumerate(_wordpiece_langs(data_config)):
+                side = train_pairs.map(lambda *pair, i=index: pair[i])
+                learn_wordpiece_vocab(side, partial / f"wordpiece.{lang}.vocab",
+                                      data_config.vocab_size, data_config.lowercase)
+        (partial / META_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+        vocab_dir.mkdir(exist_ok=True)
+        for path in sorted(partial.iterdir(), key=lambda p: p.name == META_FILE):
+            os.replace(path, vocab_dir / path.name)  # META_FILE last: it marks a whole vocabulary
+        partial.rmdir()
+    except BaseException as error:
+        shutil.rmtree(partial, ignore_errors=True)
+        for folder in created:  # innermost first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if isinstance(error, OSError) and errno_of(error):
+            raise write_error(vocab_dir, error) from None
+        raise
     logger.info("wrote %s vocabulary to %s", data_config.tokenizer, vocab_dir)
     return load_tokenizers(data_config, vocab_dir)
+
+
+def vocabulary_checksum(vocab_dir: str | Path) -> str | None:
+    """The SHA-256 of a vocabulary folder's files (names and contents, in name order; hidden
+    files left out): which pieces a model's ids stand for. None if the folder holds no
+    vocabulary (no `META_FILE`)."""
+    vocab_dir = Path(vocab_dir)
+    if not (vocab_dir / META_FILE).is_file():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(vocab_dir.iterdir()):
+        if path.is_file() and not path.name.startswith("."):
+            digest.update(path.name.encode("utf-8") + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
 
 
 def training_tokenizers(data_config: DataConfig, source: Tokenizer,

@@ -12,9 +12,12 @@ import dataclasses
 import json
 import logging
 import os
+import random
+import shutil
 from pathlib import Path
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_transformer import compat, fine_tuning
@@ -23,8 +26,10 @@ from keras_transformer.callbacks import ValidationBleu, default_callbacks
 from keras_transformer.config import ConfigError, ExperimentConfig
 from keras_transformer.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy, TargetTokens
 from keras_transformer.model import Transformer
-from keras_transformer.runs import Run, prepare_tokenizers, with_vocab_sizes
+from keras_transformer.runs import (LOCK_FILE, Run, check_writable_folder, prepare_tokenizers,
+                                    training_lock, with_vocab_sizes)
 from keras_transformer.schedules import TransformerSchedule, create_optimizer, create_schedule
+from keras_transformer.text_io import errno_of
 from keras_transformer.tokenizers import META_FILE, training_tokenizers
 
 logger = logging.getLogger(__name__)
@@ -330,30 +335,49 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
                           "table would not cover the longest pairs; lower the one or raise "
                           "the other")
     created = not os.path.exists(output_dir)
-    run = Run.create(config, output_dir, overwrite=overwrite)
-    finished = run.finished(config)
+    if not created and not overwrite and _said_finished(config, output_dir):
+        return None  # before the lock, which would write its file
+    check_writable_folder(output_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    try:
+        # Before Run.create, whose --overwrite would delete what a running training writes.
+        with training_lock(output_dir):
+            return _train(config, output_dir, verbose, overwrite)
+    finally:
+        # A failed start leaves no folder that holds nothing but the lock.
+        if created and {p.name for p in Path(output_dir).iterdir()} <= {LOCK_FILE}:
+            shutil.rmtree(output_dir, ignore_errors=True)
+
+
+def _said_finished(config: ExperimentConfig, output_dir: str | os.PathLike) -> bool:
+    """Whether the run in `output_dir` (checked to be this config's) needs no more training
+    with `config`; says why if so."""
+    finished = Run.create(config, output_dir).finished(config)
     if finished:
         logger.info(finished)
         print(f"keras-transformer train: {finished}", flush=True)
+    return finished is not None
+
+
+def _train(config: ExperimentConfig, output_dir: str | os.PathLike, verbose: str | int,
+           overwrite: bool) -> keras.callbacks.History | None:
+    """`train` in a folder it has locked."""
+    run = Run.create(config, output_dir, overwrite=overwrite)
+    if _said_finished(config, output_dir):
         return None
-    try:
-        keras.utils.set_random_seed(config.train.seed)
-        strategy = make_strategy(config.train.strategy)
-        if (config.train.budget_minutes is not None
-                and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)):
-            raise ConfigError(f"train.budget_minutes={config.train.budget_minutes:g} follows "
-                              "one machine's clock, and the workers' clocks differ: train "
-                              "several workers for a number of train.epochs instead")
-        replicas = strategy.num_replicas_in_sync
-        check_shared_vocabulary(config, worker_shard(strategy)[1])
-        if config.train.init_from:
-            fine_tuning.check_parent(config)  # before anything is written
-            fine_tuning.adopt_parent_vocabulary(config, run.path)
-        source_tokenizer, target_tokenizer = prepare_tokenizers(config, run)
-    except BaseException:
-        if created and not any(run.path.iterdir()):  # a failed start leaves no empty folder
-            run.path.rmdir()
-        raise
+    keras.utils.set_random_seed(config.train.seed)
+    strategy = make_strategy(config.train.strategy)
+    if (config.train.budget_minutes is not None
+            and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)):
+        raise ConfigError(f"train.budget_minutes={config.train.budget_minutes:g} follows "
+                          "one machine's clock, and the workers' clocks differ: train "
+                          "several workers for a number of train.epochs instead")
+    replicas = strategy.num_replicas_in_sync
+    check_shared_vocabulary(config, worker_shard(strategy)[1])
+    if config.train.init_from:
+        fine_tuning.check_parent(config)  # before anything is written
+        fine_tuning.adopt_parent_vocabulary(config, run.path)
+    source_tokenizer, target_tokenizer = prepare_tokenizers(config, run)
     config = with_vocab_sizes(config, source_tokenizer, target_tokenizer)
     run.save_config(config)
     run.remove_partial_files()
@@ -375,6 +399,12 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     # at the end of every evaluation. The stream ends with the last evaluation, for the reason
     # `TrainingInput.batches` gives.
 
+    # Preparing the data the first time (a fresh cache, a new vocabulary) draws from Python's
+    # `random`, from which Keras seeds the layers' initializers and dropout: seeded again here,
+    # the same seed gives the same weights whether or not the data was prepared before.
+    # (Not tf.random.set_seed, which would destroy the loaded SentencePiece resources.)
+    random.seed(config.train.seed)
+    np.random.seed(config.train.seed)
     precision = resolve_precision(config.train.precision, strategy)
     previous_policy = keras.config.dtype_policy()
     keras.config.set_dtype_policy(precision)
@@ -412,5 +442,15 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
                                         schedule.budget_spent),
             verbose=verbose,
         )
+    except (OSError, tf.errors.OpError) as error:
+        # A full disk or an unwritable folder, met by a checkpoint (save_weights says which
+        # file) or by the TensorBoard logs (TensorFlow says so in an OpError): one line.
+        if isinstance(error, OSError) and str(error).startswith("cannot write "):
+            raise
+        if not errno_of(error):
+            raise
+        why = getattr(error, "strerror", None) or os.strerror(errno_of(error))
+        raise OSError(f"cannot write in {run.path} ({why}); the run is as its last finished "
+                      "epoch left it: make room, then train again to resume") from None
     finally:
         keras.config.set_dtype_policy(previous_policy)

@@ -97,3 +97,20 @@ def graph_ops(export_dir) -> set:
         for function in meta_graph.graph_def.library.function:
             ops.update(node.op for node in function.node_def)
     return ops
+
+
+def flip_weight_bytes(path: Path, count: int = 64) -> str:
+    """Overwrites `count` bytes inside the largest array of an HDF5 weight file with random ones
+    (what `dd conv=notrunc` into the token embedding does): the file still opens and loads.
+    Returns the array's name."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        arrays = []
+        f.visititems(lambda name, item: arrays.append((item.size, name, item.id.get_offset()))
+                     if isinstance(item, h5py.Dataset) and item.size else None)
+    _, name, offset = max(arrays)
+    with open(path, "r+b") as f:
+        f.seek(offset + 16)
+        f.write(np.random.default_rng(0).integers(0, 256, count, dtype=np.uint8).tobytes())
+    return name

@@ -87,6 +87,10 @@ def test_a_call_larger_than_a_batch_is_split(exports):
     for name in SIGNATURES:
         assert_same_answers(call(batching, name, SENTENCES), call(plain, name, SENTENCES), name)
     assert call(batching, "translate_greedy", [])["translation"].shape == (0,)
+    # An empty batch keeps the n-best width, as the plain export does (it was (0,)).
+    empty = call(batching, "translate_nbest", [])
+    assert empty["translations"].shape == empty["scores"].shape == (0, 2)
+    assert call(plain, "translate_nbest", [])["scores"].shape == (0, 2)
 
 
 def test_signatures_and_exports_keep_their_own_queues(translator, exports, tmp_path):

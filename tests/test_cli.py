@@ -438,3 +438,54 @@ def test_translate_writes_nothing_on_stderr_for_clean_input(random_export):
                            timeout=120)
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
     assert len(quiet.stdout.splitlines()) == 1
+
+
+def test_every_command_refuses_weights_with_flipped_bytes(fake_run, tmp_path, monkeypatch,
+                                                           capsys):
+    """64 random bytes in the token embedding of `last` (the file still loads into Keras): every
+    command that makes a model of it says which file and what to choose instead; nothing is
+    exported or averaged."""
+    from helpers import flip_weight_bytes
+
+    last = fake_run.weights_file("last")
+    fake_run.checkpoint_dir.mkdir()
+    shutil.copyfile(last, fake_run.checkpoint_file(1))
+    flip_weight_bytes(last)
+    flip_weight_bytes(fake_run.checkpoint_file(1))
+    source = tmp_path / "source.txt"
+    source.write_text("Ein Hund.\n")
+    run, weights = ["--run", str(fake_run.path)], ["--weights", "last"]
+    texts = ["--source", str(source), "--reference", str(source)]
+    damaged = f"{last} is damaged (its contents differ from the SHA-256 recorded when it was written)"
+    commands = [["export", *run, *weights, "--output", str(tmp_path / "models")],
+                ["translate", *run, *weights, "--quiet"],
+                ["evaluate", *run, *weights, *texts, "--quiet"],
+                ["tune-search", *run, *weights, *texts, "--beam", "1"]]
+    try:
+        import ctranslate2  # noqa: F401
+        commands.append(["export", *run, *weights, "--format", "ctranslate2",
+                         "--output", str(tmp_path / "ct2")])
+    except ImportError:
+        pass
+    for argv in commands:
+        code, _, err = run_cli(monkeypatch, capsys, argv, b"Ein Hund.\n")
+        assert code == 2 and len(err.strip().splitlines()) == 1, (argv, err)
+        assert f"error: {damaged}; choose other weights with --weights: best, last, or a " in err
+    assert cli.main(["average", *run, "--last", "1"]) == 2
+    assert error_line(capsys, "average").endswith(
+        f"{fake_run.checkpoint_file(1)} is damaged (its contents differ from the SHA-256 "
+        "recorded when it was written); no other checkpoint to average")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "source.txt"]
+    assert not list(fake_run.path.glob("average_*"))
+
+
+def test_the_no_best_weights_notice_is_said_once(fake_run, tmp_path, caplog, capsys):
+    """It printed two to four times on export and translate (each lookup of the weights)."""
+    import logging
+
+    pytest.importorskip("ctranslate2")
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+        assert cli.main(["export", "--run", str(fake_run.path), "--format", "ctranslate2",
+                         "--output", str(tmp_path / "ct2")]) == 0
+    notices = [r for r in caplog.records if "has no best weights" in r.getMessage()]
+    assert len(notices) == 1, [r.getMessage() for r in notices]

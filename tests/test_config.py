@@ -1,6 +1,8 @@
 """Config dataclasses: presets, validation errors that name field and value, YAML round trip,
 files that extend a `base:` file."""
 
+import re
+
 import pytest
 import yaml
 
@@ -158,6 +160,19 @@ def test_subword_sampling_errors_name_field_and_value(kwargs, message):
 def test_unknown_preset_lists_known_ones():
     with pytest.raises(ConfigError, match="unknown model preset 'huge'.*tutorial"):
         ModelConfig.from_preset("huge")
+
+
+@pytest.mark.parametrize("name", ["../demo", "presets/../../demo", ".hidden", "sub/tiny"])
+def test_a_preset_name_is_never_a_path_to_another_yaml_file(name, tmp_path):
+    """`--set model.preset=../demo` read experiments/demo.yaml (an experiment, not a preset) and
+    then failed on its `name` key."""
+    with pytest.raises(ConfigError, match=rf"^unknown model preset '{re.escape(name)}': a preset "
+                       r"is a name, one of \[.*'tiny'.*\], or a \.yaml file's path$"):
+        ModelConfig.from_preset(name)
+    path = tmp_path / "exp.yaml"
+    path.write_text("name: x\n")
+    with pytest.raises(ConfigError, match="unknown model preset"):
+        ExperimentConfig.from_yaml(path, [f"model.preset={name}"])
 
 
 def test_experiment_yaml_with_preset_and_overrides(tmp_path):

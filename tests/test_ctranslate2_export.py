@@ -286,6 +286,8 @@ def test_beam_rounds_give_the_search_to_the_cap(random_translation_model, tmp_pa
 
 
 def test_settings_file_and_layout(random_translation_model, tmp_path):
+    from keras_transformer.text_io import file_sha256
+
     model, tokenizer = random_translation_model
     folder = export(model, tokenizer, tmp_path / "ct2", quantization="float32",
                     provenance={"run": "runs/tiny", "weights": "best"})
@@ -295,7 +297,8 @@ def test_settings_file_and_layout(random_translation_model, tmp_path):
         "max_positions": MAX_LENGTH, "max_source_length": MAX_LENGTH,
         "sampling_topk": 0, "sampling_topp": 1.0, "sampling_temperature": 1.0,
         "source_start": "<s>", "source_end": "</s>", "sentencepiece_model": "sentencepiece.model",
-        "quantization": "float32", "run": "runs/tiny", "weights": "best"}
+        "quantization": "float32", "run": "runs/tiny", "weights": "best",
+        "model_bin_sha256": file_sha256(folder / "model.bin")}
     assert (folder / "sentencepiece.model").is_file() and (folder / "model.bin").is_file()
     assert not list(tmp_path.glob(".*partial"))
 
@@ -524,10 +527,16 @@ def test_cli_exports_ctranslate2_and_translates_with_either_export(random_run, t
     code, out, _ = cli_run(capsys, monkeypatch, ["info", "--model", str(ct2_dir)])
     record = json.loads(out)
     assert code == 0 and record["format"] == "ctranslate2" and record["beam_size"] == 2
-    assert record["weights_file"].endswith("best.weights.h5") and len(record["weights_sha256"]) == 64
+    # Each export names the weight file it came from with its SHA-256 (`sha256sum` finds it).
+    from keras_transformer.text_io import file_sha256
+
+    weights_sha256 = file_sha256(random_run / "best.weights.h5")
+    assert record["weights_file"].endswith("best.weights.h5")
+    assert record["weights_sha256"] == weights_sha256
     code, out, _ = cli_run(capsys, monkeypatch, ["info", "--model", str(saved / "1")])
     record = json.loads(out)
     assert record["format"] == "savedmodel" and record["search"]["beam_size"] == 2
+    assert record["weights_sha256"] == weights_sha256
     assert record["search"]["stopping"].startswith("beam_full (a sentence stops once patience")
     assert record["search"]["stopping"].endswith("; patience 2)")
     assert record["model"]["max_positions"] == 24 and "sources truncated" in record["length_rule"]
@@ -573,7 +582,8 @@ def test_native_beam_stops_as_the_exports_patience(models, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["settings_not_json", "settings_key_missing",
-                                    "sentencepiece_missing", "model_truncated"])
+                                    "sentencepiece_missing", "model_truncated",
+                                    "model_bytes_changed"])
 def test_a_damaged_export_is_a_config_error_naming_the_folder(random_translation_model, tmp_path,
                                                               damage):
     model, tokenizer = random_translation_model
@@ -587,12 +597,42 @@ def test_a_damaged_export_is_a_config_error_naming_the_folder(random_translation
         settings.write_text(json.dumps(record))
     elif damage == "sentencepiece_missing":
         (folder / json.loads(settings.read_text())["sentencepiece_model"]).unlink()
-    else:
+    elif damage == "model_truncated":
         (folder / "model.bin").write_bytes((folder / "model.bin").read_bytes()[:1000])
+    else:  # random bytes in the weights: CTranslate2 itself loads them and translates garbage
+        data = bytearray((folder / "model.bin").read_bytes())
+        data[len(data) // 2:len(data) // 2 + 64] = np.random.default_rng(0).bytes(64)
+        (folder / "model.bin").write_bytes(bytes(data))
     with pytest.raises(ConfigError, match=rf"^{folder}: damaged CTranslate2 export \(.+\)$") as info:
         CTranslate2Translator(folder)
     if damage == "settings_key_missing":
         assert f"no 'beam_size' in {SETTINGS_FILE}" in str(info.value)
+    if damage.startswith("model_"):
+        assert str(info.value).endswith(
+            f"(model.bin differs from the SHA-256 recorded in {SETTINGS_FILE} when it was "
+            "exported; export the run again)")
+
+
+def test_every_configurable_activation_converts():
+    from keras_transformer.config import ACTIVATIONS
+    from keras_transformer.ctranslate2_export import CTRANSLATE2_ACTIVATIONS
+
+    assert set(CTRANSLATE2_ACTIVATIONS) == set(ACTIVATIONS)
+
+
+def test_the_export_records_model_bins_checksum_and_older_exports_load(random_translation_model,
+                                                                       tmp_path):
+    from keras_transformer.text_io import file_sha256
+
+    model, tokenizer = random_translation_model
+    folder = export(model, tokenizer, tmp_path / "ct2")
+    record = json.loads((folder / SETTINGS_FILE).read_text())
+    assert record["model_bin_sha256"] == file_sha256(folder / "model.bin")
+    expected = CTranslate2Translator(folder).translate_greedy(["Ein Hund."])
+    del record["model_bin_sha256"]  # as exports made before the record
+    (folder / SETTINGS_FILE).write_text(json.dumps(record))
+    got = CTranslate2Translator(folder).translate_greedy(["Ein Hund."])
+    assert list(got["translation"]) == list(expected["translation"])
 
 
 NO_TENSORFLOW = ("import sys, keras_transformer.ctranslate2_translator; "

@@ -6,6 +6,7 @@ translation and the serving answer."""
 
 import importlib.util
 import json
+import re
 import time
 
 import pytest
@@ -135,3 +136,7 @@ def test_the_committed_notebook_is_the_full_run_without_native_log_lines():
             if output["output_type"] == "stream":
                 assert not any(guide.NATIVE_LOG_LINE.fullmatch(line)
                                for line in output["text"].splitlines())
+    # No folder of the machine that ran it (it printed /tmp/keras-transformer-guide-...).
+    machine_folder = re.compile(r"(?<![\w.])/(tmp|home|root|work|Users|var|private|mnt)/")
+    for cell in notebook.cells:
+        assert not machine_folder.search(text_of(cell)), text_of(cell)[:300]

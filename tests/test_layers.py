@@ -141,6 +141,14 @@ def test_feed_forward_activation(norm):
         layers.FeedForward(d_model=D_MODEL, dff=DFF, activation="tanh")
 
 
+def test_every_configurable_activation_is_computed():
+    """`config.ACTIVATIONS` is the one list of names; the layer computes each of them."""
+    from keras_transformer.config import ACTIVATIONS
+    from keras_transformer.layers.feed_forward import ACTIVATION_FUNCTIONS
+
+    assert set(ACTIVATION_FUNCTIONS) == set(ACTIVATIONS)
+
+
 def test_layers_run_under_mixed_precision():
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:

@@ -320,3 +320,158 @@ def test_only_epoch_numbered_files_are_checkpoints_in_epoch_order(run_with_two_e
     shutil.copy(first, run.checkpoint_dir / "epoch_1000.weights.h5")
     assert [p.name for p in run.epoch_checkpoints()] == [
         "epoch_001.weights.h5", "epoch_002.weights.h5", "epoch_1000.weights.h5"]
+
+
+# ----------------------------------------------------------------------------- checksums
+
+def test_every_weight_file_records_the_checksum_of_what_it_holds(run_with_two_epochs):
+    """Checkpoints, last and best (copies of checkpoints) and averages carry a SHA-256 of their
+    arrays and attributes, which `verify_weights` recomputes."""
+    run, _ = run_with_two_epochs
+    average = run.average(2)
+    for path in (run.checkpoint_file(1), run.checkpoint_file(2), run.weights_file("last"),
+                 run.weights_file("best"), average):
+        [recorded] = runs.weight_file_attrs(path, runs.CHECKSUM_ATTR)
+        assert len(recorded) == 64 and runs.verify_weights(path) == recorded, path
+    assert runs.verify_weights(run.weights_file("last")) == runs.verify_weights(
+        run.checkpoint_file(2))
+
+
+def test_flipped_bytes_in_a_weight_files_data_are_refused_before_loading(run_with_two_epochs):
+    from helpers import flip_weight_bytes
+
+    run, _ = run_with_two_epochs
+    path = run.weights_file("last")
+    flip_weight_bytes(path)
+    model = Transformer(run.config.model)
+    model.build()
+    before = model.get_weights()
+    with pytest.raises(DamagedWeightsError, match=rf"^{path} is damaged \(its contents differ "
+                       r"from the SHA-256 recorded when it was written\)$"):
+        runs.load_weights(model, path, run.config.model)
+    for got, want in zip(model.get_weights(), before):  # nothing was loaded
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(DamagedWeightsError, match=rf"^{path} is damaged .*; choose other weights "
+                       r"with --weights: best, last, or a checkpoint \("):
+        run.load_model("last")
+
+
+def test_non_finite_weights_are_refused_even_without_a_checksum(tmp_path):
+    config = tiny_config()
+    model = compiled_model(config)
+    weights = model.get_weights()
+    weights[0][0, 0] = np.nan
+    model.set_weights(weights)
+    model.save_weights(tmp_path / "keras.weights.h5")  # Keras alone: no checksum
+    runs.save_weights(model, tmp_path / "ours.weights.h5")
+    for name in ("keras", "ours"):
+        path = tmp_path / f"{name}.weights.h5"
+        with pytest.raises(DamagedWeightsError,
+                           match=rf"^{path} is damaged \(non-finite values in .+\)$"):
+            runs.load_weights(compiled_model(config), path, config.model)
+
+
+def test_restore_passes_over_a_checkpoint_with_flipped_bytes(run_with_two_epochs, caplog):
+    from helpers import flip_weight_bytes
+
+    run, models = run_with_two_epochs
+    flip_weight_bytes(run.checkpoint_file(2))
+    model = compiled_model(run.config, seed=9)
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+        assert run.restore(model) == 1
+    assert f"{run.checkpoint_file(2)} is damaged (its contents differ" in caplog.text
+    for got, want in zip(model.get_weights(), models[0][0]):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_average_refuses_a_damaged_checkpoint_and_averages_the_others(run_with_two_epochs):
+    from helpers import flip_weight_bytes
+
+    run, models = run_with_two_epochs
+    flip_weight_bytes(run.checkpoint_file(2))
+    with pytest.raises(DamagedWeightsError, match=rf"^{run.checkpoint_file(2)} is damaged \(.+\); "
+                       r"average the others \(--upper-bound 1\)$"):
+        run.average(2)
+    assert not list(run.path.glob("average_*")) and not list(run.path.glob(".partial-*"))
+    flip_weight_bytes(run.checkpoint_file(1))
+    with pytest.raises(DamagedWeightsError, match=r"average the others \(--last 1 \(the newer "
+                       r"ones\)\)$"):
+        run.average(2, upper_bound=2)
+    runs.copy_file(run.weights_file("last"), run.checkpoint_file(3))  # a good epoch 3
+    with pytest.raises(DamagedWeightsError, match=r"average the others \(--last 1 \(the newer "
+                       r"ones\) or --upper-bound 1\)$"):
+        run.average(2)
+    average = run.average(1)
+    for got, want in zip(run.load_model(str(average)).get_weights(), models[1][0]):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_weights_trained_with_another_vocabulary_of_the_same_size_are_refused(tmp_path):
+    """The shapes fit, so nothing else would notice: every id would stand for another piece."""
+    from keras_transformer.tokenizers import META_FILE
+
+    config = tiny_config()
+    runs_ = {}
+    for name, pieces in (("a", "ein\nhund\n"), ("b", "zwei\nkatzen\n")):
+        run = Run.create(config, tmp_path / name)
+        run.save_config(config)
+        (run.path / "vocab").mkdir()
+        (run.path / "vocab" / META_FILE).write_text("{}")
+        (run.path / "vocab" / "pieces.vocab").write_text(pieces)
+        runs_[name] = run
+    model = compiled_model(config)
+    runs_["a"].save_epoch(model, 1)
+    trained = runs_["a"].weights_file("last")
+    [recorded] = runs.weight_file_attrs(trained, runs.VOCABULARY_ATTR)
+    assert recorded == runs_["a"].vocabulary_checksum() != runs_["b"].vocabulary_checksum()
+    assert runs_["a"].load_model("last") is not None
+    with pytest.raises(ConfigError, match=rf"^{trained} was trained with another vocabulary than "
+                       rf"{runs_['b'].path / 'vocab'} \(its ids would stand for other pieces\)"):
+        runs_["b"].load_model(str(trained))
+
+
+def test_moving_the_tfds_data_cache_is_the_same_run(run_with_two_epochs):
+    """data.tfds_data_dir says where a machine caches the data, not which data: a resume with
+    another cache folder continues the run."""
+    run, _ = run_with_two_epochs
+    moved = run.config
+    moved = dataclasses.replace(moved, data=dataclasses.replace(moved.data,
+                                                                tfds_data_dir="/elsewhere"))
+    assert Run.create(moved, run.path).epochs_done() == 2
+
+
+# ----------------------------------------------------------------------------- the lock
+
+def test_a_second_training_in_a_folder_in_use_is_refused_until_the_first_is_killed(tmp_path):
+    """The lock is the kernel's (flock): kill -9 of its holder frees the folder at once."""
+    import signal
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # holds the lock until it is killed
+        try:
+            with runs.training_lock(tmp_path):
+                os.write(write, b"locked")
+                signal.pause()
+        finally:
+            os._exit(1)
+    try:
+        assert os.read(read, 6) == b"locked"
+        with pytest.raises(ConfigError, match=rf"^{tmp_path} is in use by another training "
+                           rf"\(process {child}\): wait for it to end, or choose another "
+                           r"--output$"):
+            with runs.training_lock(tmp_path):
+                pass
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    with runs.training_lock(tmp_path):  # resuming after the kill
+        assert (tmp_path / runs.LOCK_FILE).read_text() == f"{os.getpid()}\n"
+    # Workers of one multi-worker run share a folder, each with a lock of its own.
+    with runs.training_lock(tmp_path):
+        os.environ["TF_CONFIG"] = '{"task": {"type": "worker", "index": 1}}'
+        try:
+            with runs.training_lock(tmp_path):
+                assert (tmp_path / ".train-worker-1.lock").is_file()
+        finally:
+            del os.environ["TF_CONFIG"]

@@ -110,3 +110,17 @@ def test_one_sentence_requests_to_a_batching_export(serve_load, random_translati
     assert code == 0, out + err
     assert "request batching" in out and "serve_load: OK" in out
     assert "errors 0, answers unlike the single-client ones 0" in out
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--clients", "0"), ("--clients", "-2"), ("--seconds", "nan"), ("--seconds", "-1"),
+    ("--seconds", "inf"), ("--intra-op", "-1"), ("--requests", "0"), ("--max-batch", "0"),
+    ("--max-requests", "-5"), ("--memory-tolerance", "nan"), ("--seed", "-1"),
+    ("--clients", "two")])
+def test_out_of_range_settings_are_refused_before_any_work(serve_load, flag, value, capsys):
+    """--clients 0 and negative values ran and then failed, --intra-op -1 aborted the process
+    (SIGABRT), --seconds nan hung."""
+    with pytest.raises(SystemExit) as exit_info:
+        serve_load.parse_args(["--model", "m", flag, value])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: " in capsys.readouterr().err

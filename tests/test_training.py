@@ -376,3 +376,58 @@ def test_rerunning_a_finished_run_says_so_and_touches_no_file(mirrored_run, tiny
     assert cli.main(["train", "--config", str(config), "--output", str(run_dir)]) == 0
     assert f"{run_dir} is finished" in capsys.readouterr().out
     assert snapshot(run_dir) == before
+
+
+def test_a_training_into_a_folder_in_use_is_refused(tiny_experiment, tmp_path, capsys):
+    """Two trainings into one folder both ran to exit 0, their files and logs mixed."""
+    import os
+
+    from keras_transformer import cli
+    from keras_transformer.runs import LOCK_FILE, training_lock
+
+    config = write_config(tiny_experiment(), tmp_path / "exp.yaml")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with training_lock(run_dir):
+        assert cli.main(["train", "--config", str(config), "--output", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"keras-transformer train: error: {run_dir} is in use by another training "
+                   f"(process {os.getpid()}): wait for it to end, or choose another --output"]
+    assert [p.name for p in run_dir.iterdir()] == [LOCK_FILE]
+
+
+def test_the_same_seed_gives_the_same_weights_whether_or_not_the_data_was_prepared(
+        tiny_experiment, tmp_path, monkeypatch):
+    """Preparing the data the first time (a fresh tfds cache, a new vocabulary) draws from
+    Python's `random` after the seed is set; the first `make demo` on a fresh machine trained
+    other weights than the later ones (by up to 1.1 after an epoch). What `fit` starts from,
+    the initial weights and dropout's seeds, is compared."""
+    import random
+
+    from keras_transformer import runs
+
+    class Started(Exception):
+        pass
+
+    started = []
+
+    def fit(model, *args, **kwargs):
+        started.append([*model.get_weights(), *(s.numpy() for s in runs.random_states(model))])
+        raise Started
+
+    monkeypatch.setattr(keras.Model, "fit", fit)
+    config = tiny_experiment(epochs=1, steps_per_epoch=2, validation_bleu_sentences=0)
+    with pytest.raises(Started):
+        training.train(config, tmp_path / "prepared", verbose=0)
+    prepare = training.prepare_tokenizers
+
+    def prepare_for_the_first_time(*args):
+        random.random(), random.shuffle(list(range(100)))
+        return prepare(*args)
+
+    monkeypatch.setattr(training, "prepare_tokenizers", prepare_for_the_first_time)
+    with pytest.raises(Started):
+        training.train(config, tmp_path / "fresh", verbose=0)
+    assert len(started[0]) == len(started[1]) > 0
+    for got, want in zip(started[1], started[0]):
+        np.testing.assert_array_equal(got, want)

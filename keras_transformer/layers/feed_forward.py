@@ -3,15 +3,16 @@
 import keras
 import tensorflow as tf
 
+from keras_transformer.config import ACTIVATIONS
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.normalization import LAYER_NORM_EPSILON, LayerNormalization, fold_norm
 from keras_transformer.layers.ops import matmul, value
 from keras_transformer.layers.residual import residual_connection, residual_input, residual_output
 
-# The inner activation, by name: "relu" as in the paper (max(0, x)); "gelu" (Hendrycks & Gimpel
-# 2016, the exact erf form), as BERT and many later Transformers use. Training runs Keras' own
-# activation of that name, which computes the same op.
-ACTIVATIONS = {"relu": tf.nn.relu, "gelu": lambda x: tf.nn.gelu(x, approximate=False)}
+# How each of `config.ACTIVATIONS` is computed: "relu" as in the paper (max(0, x)); "gelu"
+# (Hendrycks & Gimpel 2016, the exact erf form), as BERT and many later Transformers use.
+# Training runs Keras' own activation of that name, which computes the same op.
+ACTIVATION_FUNCTIONS = {"relu": tf.nn.relu, "gelu": lambda x: tf.nn.gelu(x, approximate=False)}
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -24,7 +25,7 @@ class FeedForward(keras.layers.Layer):
         dff: inner width (2048 in the base model).
         dropout: rate on the FFN output before the residual sum.
         norm: "post" (the paper) or "pre" LayerNorm placement.
-        activation: the inner activation, a key of `ACTIVATIONS` ("relu" or "gelu").
+        activation: the inner activation, one of `config.ACTIVATIONS` ("relu" or "gelu").
 
     Call arguments:
         x: `[batch, length, d_model]`.
@@ -80,7 +81,7 @@ class FeedForward(keras.layers.Layer):
         """`call` for inference on rows: `[rows, d_model]` -> `[rows, d_model]`, with
         `weights` from `inference_weights`."""
         h = residual_input(x, self.norm)
-        h = ACTIVATIONS[self.activation](matmul(h, weights["inner_kernel"]) + weights["inner_bias"])
+        h = ACTIVATION_FUNCTIONS[self.activation](matmul(h, weights["inner_kernel"]) + weights["inner_bias"])
         y = matmul(h, weights["outer_kernel"]) + weights["outer_bias"]
         return residual_output(x, y, self.norm, weights)
 
