@@ -12,6 +12,7 @@
     keras-transformer translate --model M --sampling [--sampling-topk K] [--seed S] \
         --source FILE --output FILE [--shard I/N]   (a corpus: resumable, sharded)
     keras-transformer evaluate --model saved_models/NAME/1 --source FILE --reference FILE
+    keras-transformer score --model saved_models/NAME/1 --source FILE --target FILE > scores.tsv
     keras-transformer tune-search --run runs/NAME --source VAL --reference VAL --beam 4,5 --alpha 0.6,1
 
 TensorFlow is imported only when a subcommand runs (so `--help` and `--version` answer at once),
@@ -417,6 +418,38 @@ def _evaluate(args) -> int:
     return 0
 
 
+def _score(args) -> int:
+    """One line per pair: log P(target | source), log P / lp (as beam search ranks), and the
+    target's tokens (END included), tab-separated."""
+    from keras_transformer.text_io import write_lines
+    from keras_transformer.translator import score_texts
+
+    _check_output_file(args.output, {"--source": args.source, "--target": args.target})
+    sources, targets = _read_aligned(args.source, args.target, args.command)
+    if args.run_dir:
+        from keras_transformer.translator import translator_from_run
+
+        module = translator_from_run(args.run_dir, weights=args.weights or "best")
+    else:
+        from keras_transformer.export import load_any
+
+        if args.weights is not None:
+            raise ConfigError(f"--weights {args.weights}: an export holds the weights it was "
+                              "made from; --weights is for --run")
+        module = load_any(args.model)
+        if not hasattr(module, "score"):
+            raise ConfigError(f"{args.model} was exported before scoring existed; export it "
+                              "again, or use --run")
+    results = score_texts(lambda source, target: module.score(source, target), sources,
+                          targets, batch_size=args.batch_size)
+    lines = [f"{log_p:.4f}\t{normalized:.4f}\t{tokens}" for log_p, normalized, tokens in results]
+    if args.output:
+        write_lines(args.output, lines)
+    else:
+        _write_lines(lines)
+    return 0
+
+
 def _tune_search(args) -> int:
     import json
 
@@ -672,6 +705,21 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--reference", required=True, help="reference file, line-aligned")
     evaluate.add_argument("--output", help="write the hypotheses to this file")
     evaluate.set_defaults(run=_evaluate)
+
+    score = commands.add_parser(
+        "score", help="log-probability of given translations, per line: log P, log P / lp, "
+                      "tokens (to filter a corpus or rerank candidates)")
+    model = score.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", help="an export: a SavedModel version folder or a "
+                       "CTranslate2 model folder")
+    model.add_argument("--run", dest="run_dir", help="training run folder")
+    score.add_argument("--weights", help="with --run: best, last, or a weight file")
+    score.add_argument("--source", required=True, help="source file, one sentence a line")
+    score.add_argument("--target", required=True, help="translations to score, line-aligned")
+    score.add_argument("--output", help="write the scores here (default: stdout)")
+    score.add_argument("--batch-size", type=_positive_int, default=64,
+                       help="pairs per batch (default: 64)")
+    score.set_defaults(run=_score)
 
     tune = commands.add_parser(
         "tune-search", help="BLEU of every beam size and alpha on held-out (validation) files")

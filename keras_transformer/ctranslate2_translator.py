@@ -175,6 +175,28 @@ class CTranslate2Translator:
         # Each output's log P up to its own cap (a batch is decoded to its longest cap).
         return [(ids, float(np.sum(log_probs[:len(ids)]))) for ids, log_probs in drawn]
 
+    def score(self, sources, targets) -> dict:
+        """log P(target | source) of each pair by CTranslate2's `score_batch`, as
+        `Translator.score` defines it: `{"score": float32 [batch], "normalized_score": float32
+        [batch] (log P / lp, the export's alpha), "tokens": int32 [batch] (END included)}`; the
+        target normalized and tokenized as translations are, truncated to the model's positions
+        with END kept."""
+        sources, targets = _strings(sources), _strings(targets)
+        if len(sources) != len(targets):
+            raise ConfigError(f"{len(sources)} sources for {len(targets)} targets")
+        source_pieces = [self._source_pieces(normalize(text)) or [] for text in sources]
+        target_pieces = [self.processor.encode(normalize(text).decode("utf-8"), out_type=str)[
+            :self.max_positions - 1] for text in targets]
+        results = self.translator.score_batch(
+            source_pieces, target_pieces, max_input_length=0,
+            max_batch_size=self.options["max_batch_size"]) if sources else []
+        scores = np.array([sum(result.log_probs) for result in results], np.float32)
+        tokens = np.array([len(pieces) + 1 for pieces in target_pieces], np.int32)
+        return {"score": scores.reshape(len(sources)),
+                "normalized_score": (scores / length_penalty(tokens, self.alpha)).astype(
+                    np.float32).reshape(len(sources)),
+                "tokens": tokens.reshape(len(sources))}
+
     def translate_nbest(self, batch) -> dict:
         """The `beam_size` best hypotheses, best first: `{"translations": bytes [batch, beam],
         "scores": float32 [batch, beam]}`; an empty slot has "" and `search_rules.NEG_INF` (an

@@ -51,8 +51,9 @@ from keras_transformer.search_rules import (
 )
 
 __all__ = ["NEG_INF", "STOPPING_RULES", "STRATEGIES", "DecodingStrategy", "GreedySearch",
-           "BeamSearch", "SamplingSearch", "register_strategy", "strategy_from_config", "decode",
-           "greedy_search", "beam_search", "sampling_search", "tile_beams"]
+           "BeamSearch", "SamplingSearch", "ForcedDecoding", "register_strategy",
+           "strategy_from_config", "decode", "greedy_search", "beam_search", "sampling_search",
+           "tile_beams"]
 
 STRATEGIES: dict[str, type] = {}  # name -> DecodingStrategy subclass, in registration order
 
@@ -355,6 +356,34 @@ class BeamSearch(DecodingStrategy):
         sequences, scores, flags = results
         return (tf.where(flags[:, :, tf.newaxis], sequences, PAD_ID),
                 tf.where(flags, scores, NEG_INF))
+
+
+class ForcedDecoding(_OneHypothesis):
+    """Feeds given target ids instead of choosing: the log-probability of a given translation,
+    step by step through the same step function as the searches (so a search's score of its
+    own output is this score). Not a search, so not registered.
+
+    Args:
+        targets: int32 `[batch, length]`, each row its tokens up to END, then `PAD_ID`; run
+            with `length_caps` = the rows' token counts (END included).
+    """
+
+    def __init__(self, targets, *, end_id=END_ID):
+        super().__init__(end_id=end_id)
+        self.targets = targets
+
+    @classmethod
+    def from_config(cls, config, *, targets, end_id=END_ID):
+        return cls(targets, end_id=end_id)
+
+    def extra_state(self):
+        return {"targets": tf.convert_to_tensor(self.targets, tf.int32)}
+
+    def choose(self, step, logits, search):
+        ids = tf.gather(search["targets"], tf.minimum(step, tf.shape(search["targets"])[1] - 1),
+                        axis=1)  # [n]
+        log_probs = tf.gather(tf.nn.log_softmax(logits), ids[:, None], batch_dims=1)[:, 0]
+        return ids, log_probs
 
 
 @register_strategy("sampling")

@@ -105,7 +105,7 @@ def _batched(function, inputs: dict, batching: RequestBatching, queue: str):
             Tout=[output.dtype for output in function.outputs])
         # An empty call comes back as shape [0] whatever the output's rank (translate_nbest's
         # [batch, beam] too): the inner dimensions the signature fixes are restored.
-        batch = tf.shape(source)[:1]
+        batch = tf.shape(values[0])[:1]
         outputs = [tf.reshape(output, tf.concat([batch, spec.shape[1:].as_list()], 0))
                    if spec.shape[1:].is_fully_defined() else output
                    for output, spec in zip(outputs, function.outputs)]

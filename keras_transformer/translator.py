@@ -20,9 +20,16 @@ Exported signatures (input `source`: string `[batch]`, any batch size including 
                         sampling_temperature), inputs source and seed int64 [batch] (each
                         sentence's own seed) -> translation string [batch], score float32 [batch]
     translate_nbest     beam search -> translations string [batch, beam], scores float32 [batch, beam]
+    score               the log-probability of given translations, inputs source and target string
+                        [batch] -> score float32 [batch], normalized_score float32 [batch],
+                        tokens int32 [batch]
 
 There is one `translate_<name>` per strategy registered in `decoding.STRATEGIES`, with the
-inputs `signature_inputs` gives. Scores: greedy search and sampling give log P(translation | source); beam search gives
+inputs `signature_inputs` gives. `score` gives log P(target | source) of each pair, the target
+tokenized as translations are (END included, `tokens` counting it) and truncated to the model's
+positions, and log P / lp as beam search ranks it (the config's alpha): a search's score of its
+own output is the score of that output's ids (`Translator.score_ids`). Scores: greedy search
+and sampling give log P(translation | source); beam search gives
 log P / lp with the GNMT length penalty lp = ((5 + length) / 6) ** alpha (see `decoding`).
 
 Inputs are normalized as training text was (`tokenizers.normalize_text`: invisible characters
@@ -58,25 +65,29 @@ ALPHA_SPEC = tf.TensorSpec([], tf.float32, name="alpha")
 SIGNATURE_INPUT = "source"  # the input key of every exported signature
 # `Translator.translate(search=...)`: every registered strategy, and the beam's n-best.
 SEARCHES = (*decoding.STRATEGIES, "nbest")
-SIGNATURES = ("serving_default", *(f"translate_{name}" for name in SEARCHES))
+SIGNATURES = ("serving_default", *(f"translate_{name}" for name in SEARCHES), "score")
 TranslateFn = Callable[[tf.Tensor], dict]  # string [batch] -> {"translation": string [batch], ...}
 
 
 def signature_inputs(signature: str) -> dict:
     """The inputs of an exported signature: `{name: tf.TensorSpec}`, `source` first; every
     input has one row per sentence."""
+    source = {SIGNATURE_INPUT: tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)}
+    if signature == "score":
+        return {**source, "target": tf.TensorSpec([None], tf.string, name="target")}
     name = signature.removeprefix("translate_")
     strategy = decoding.STRATEGIES.get("beam" if name in ("nbest", "serving_default") else name)
-    return {SIGNATURE_INPUT: tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT),
-            **strategy.signature_inputs}
+    return {**source, **strategy.signature_inputs}
 
 
 def signature_arguments(signature: str, sources: Sequence[str]) -> dict:
     """Keyword arguments that call `signature` on `sources`: `source`, and for every other
-    input (`signature_inputs`) the row numbers 0, 1, ... (a sampling signature's seeds)."""
+    input (`signature_inputs`) the sources again if it takes strings (`score`'s targets), else
+    the row numbers 0, 1, ... (a sampling signature's seeds)."""
     arguments = {SIGNATURE_INPUT: tf.constant(list(sources), tf.string)}
     for name, spec in list(signature_inputs(signature).items())[1:]:
-        arguments[name] = tf.range(len(sources), dtype=spec.dtype)
+        arguments[name] = (arguments[SIGNATURE_INPUT] if spec.dtype == tf.string
+                           else tf.range(len(sources), dtype=spec.dtype))
     return arguments
 
 
@@ -141,11 +152,15 @@ class Translator(tf.Module):
         traced["translate_beam"] = tf.function(
             lambda source, alpha: self.translate(source, "beam", alpha=alpha),
             input_signature=[STRINGS_SPEC, ALPHA_SPEC], autograph=False)
+        traced["score"] = tf.function(self._score_ids, autograph=False)
         object.__setattr__(self, "_traced", traced)
         # One signature function per search (`translate_greedy`, `translate_beam`, ...):
         # attributes of the module, so that a SavedModel keeps them as functions too.
         for search in SEARCHES:
             setattr(self, f"translate_{search}", self._signature_function(search))
+        inputs = signature_inputs("score")
+        self.score = tf.function(self._score, input_signature=list(inputs.values()),
+                                 autograph=False)
 
     @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
     def __call__(self, source):
@@ -233,6 +248,41 @@ class Translator(tf.Module):
                     [outputs[key], tf.repeat(row[None], tf.size(skipped), axis=0)])
                 for key, row in no_words.items()}
 
+    def _score(self, source, target):
+        """The body of the `score` signature (see the module docstring)."""
+        def score_rows():
+            scores, tokens = self.score_ids(self.source_ids(source), self.target_ids(target))
+            penalty = decoding.length_penalty(tf.cast(tokens, tf.float32),
+                                              tf.constant(self.decode_config.alpha, tf.float32))
+            return {"score": scores, "normalized_score": scores / penalty, "tokens": tokens}
+
+        def no_rows():
+            return {"score": tf.zeros([0]), "normalized_score": tf.zeros([0]),
+                    "tokens": tf.zeros([0], tf.int32)}
+
+        return tf.cond(tf.size(source) > 0, score_rows, no_rows)
+
+    def target_ids(self, target):
+        """Target strings `[batch]` -> int32 `[batch, length]`, as a search outputs them: the
+        normalized text's tokens, END, then PAD (START dropped), truncated to the model's
+        `max_positions` tokens with END kept last."""
+        tokens = self.target_tokenizer.tokenize(normalize_text(target))[:, 1:]  # without START
+        return self._truncated(tokens, self.model.config.max_positions)
+
+    def score_ids(self, source_ids, target_ids):
+        """log P(target | source) of id batches: source ids as `source_ids` makes them, target
+        ids as a search outputs them (`target_ids`) -> (scores float32 `[batch]`, tokens int32
+        `[batch]` up to END included)."""
+        return self._traced["score"](tf.convert_to_tensor(source_ids, tf.int32),
+                                     tf.convert_to_tensor(target_ids, tf.int32))
+
+    def _score_ids(self, source_ids, target_ids):
+        """`score_ids`' traced body: `decoding.ForcedDecoding` over `decode_step`."""
+        tokens = tf.reduce_sum(tf.cast(tf.not_equal(target_ids, PAD_ID), tf.int32), axis=1)
+        _, scores = self._decode(decoding.ForcedDecoding(target_ids), source_ids, tokens,
+                                 tf.maximum(tf.shape(target_ids)[1], 1))
+        return scores, tokens
+
     def source_ids(self, source):
         """What the search reads of `source` string `[batch]`: normalized (`normalize_text`),
         tokenized and truncated (see the class), int32 `[batch, source_len]` START ... END,
@@ -293,19 +343,30 @@ class Translator(tf.Module):
 
     def _tokenize(self, source):
         """Normalized source strings -> truncated ids int32 [batch, len]."""
-        limit = self.max_source_length
-        tokens = self.source_tokenizer.tokenize(source)  # ragged [batch, (len)], START ... END
+        # ragged [batch, (len)], START ... END
+        return self._truncated(self.source_tokenizer.tokenize(source), self.max_source_length)
+
+    @staticmethod
+    def _truncated(tokens, limit):
+        """Ragged ids `[batch, (len)]` ending with END -> int32 `[batch, min(longest, limit)]`
+        padded with PAD, a row longer than `limit` cut to its first `limit - 1` and END (as
+        every training sentence ends with END)."""
         lengths = tf.cast(tokens.row_lengths(), tf.int32)  # [batch]
-        source_ids = tokens.to_tensor()[:, :limit]  # [batch, min(longest, limit)]
-        # A truncated source still ends with END, as every training source did.
-        last_column = tf.range(tf.shape(source_ids)[1]) == limit - 1
-        return tf.where((lengths > limit)[:, None] & last_column[None, :], END_ID, source_ids)
+        ids = tokens.to_tensor()[:, :limit]
+        last_column = tf.range(tf.shape(ids)[1]) == limit - 1
+        return tf.where((lengths > limit)[:, None] & last_column[None, :], END_ID, ids)
 
     def _search_ids(self, source_ids, length_caps, max_decode_length, options, *, strategy):
         """`search`'s traced body: encode, then `decoding.decode` of the strategy named
         `strategy` over `decode_step`, every weight read once per batch (not once per step
         inside the loop)."""
-        model, config = self.model, self.decode_config
+        return self._decode(decoding.strategy_from_config(strategy, self.decode_config,
+                                                          **options),
+                            source_ids, length_caps, max_decode_length)
+
+    def _decode(self, strategy, source_ids, length_caps, max_decode_length):
+        """`decoding.decode` of `strategy` over `decode_step` for a batch of sources."""
+        model = self.model
         if self.frozen_weights:
             weights = tf.nest.pack_sequence_as(
                 self._weight_structure,
@@ -314,7 +375,6 @@ class Translator(tf.Module):
             weights = model.inference_weights()
         batch_size = tf.shape(source_ids)[0]
         cache = model.init_cache(batch_size)
-        strategy = decoding.strategy_from_config(strategy, config, **options)
 
         def step_function(ids, step, cache, memory, beams):
             return model.decode_step(weights, ids, step, cache, memory, beams)
@@ -405,6 +465,28 @@ def translate_texts(translate: TranslateFn, sentences: Sequence[str], *,
                 results[index] = text.decode("utf-8")
             if progress is not None:
                 progress(len(indices))
+    return results
+
+
+def score_texts(score: Callable, sources: Sequence[str], targets: Sequence[str], *,
+                batch_size: int = 64) -> list[tuple[float, float, int]]:
+    """Scores line-aligned (source, target) texts in batches of similar length; returns
+    (log P, log P / lp, tokens) per pair, in input order. `score` is a `score` signature
+    (`Translator.score`, a loaded SavedModel's, or `CTranslate2Translator.score`)."""
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} sources for {len(targets)} targets")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    order = sorted(range(len(sources)),
+                   key=lambda i: (len(sources[i].split()), len(targets[i].split())))
+    results: list = [None] * len(sources)
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        outputs = score(tf.constant([sources[i] for i in rows], tf.string),
+                        tf.constant([targets[i] for i in rows], tf.string))
+        values = [np.asarray(outputs[key]) for key in ("score", "normalized_score", "tokens")]
+        for index, log_p, normalized, tokens in zip(rows, *values):
+            results[index] = (float(log_p), float(normalized), int(tokens))
     return results
 
 

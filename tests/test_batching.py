@@ -49,6 +49,10 @@ def call(loaded, name, sentences):
 
 
 def assert_same_answers(got: dict, want: dict, label: str):
+    if "tokens" in want:  # score
+        assert got["tokens"].tolist() == want["tokens"].tolist(), label
+        np.testing.assert_allclose(got["score"], want["score"], rtol=1e-5, err_msg=label)
+        return
     texts = "translation" if "translation" in want else "translations"
     scores = "score" if "score" in want else "scores"
     assert got[texts].tolist() == want[texts].tolist(), label
@@ -59,9 +63,9 @@ def test_the_export_batches_every_signature_and_says_so(exports):
     (plain_dir, _), (batching_dir, _) = exports
     assert "BatchFunction" in graph_ops(batching_dir)
     assert "BatchFunction" not in graph_ops(plain_dir)
-    # Each search stored once (greedy; beam, for its best and its n-best; sampling), not again
-    # unbatched.
-    assert load_benchmark("export").while_loop_count(batching_dir) == 3
+    # Each search stored once (greedy; beam, for its best and its n-best; sampling; score's
+    # forced decoding), not again unbatched.
+    assert load_benchmark("export").while_loop_count(batching_dir) == 4
     assert read_provenance(batching_dir)["request_batching"] == dataclasses.asdict(BATCHING)
     assert read_provenance(plain_dir)["request_batching"] is None
 
@@ -72,7 +76,9 @@ def test_concurrent_single_sentence_calls_get_their_own_answers(exports, name):
     plain export's for that sentence (translations equal, scores to float32 rounding)."""
     (_, plain), (_, batching) = exports
     alone = {s: call(plain, name, [s]) for s in SENTENCES}
-    texts = {tuple(a.get("translation", a.get("translations")).reshape(-1)) for a in alone.values()}
+    answer_key = next(key for key in ("translation", "translations", "score")
+                      if key in alone[SENTENCES[0]])
+    texts = {tuple(np.asarray(a[answer_key]).reshape(-1)) for a in alone.values()}
     assert len(texts) > 3  # the model's answers differ by source, so a mix-up shows
     jobs = SENTENCES * 4
     with concurrent.futures.ThreadPoolExecutor(8) as pool:

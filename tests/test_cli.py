@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 
 from keras_transformer import cli
 from keras_transformer.training import resolve_precision
@@ -22,7 +23,7 @@ def test_info_prints_versions_and_preset_parameters(capsys):
 
 
 SUBCOMMANDS = ("info", "build-vocab", "data-stats", "train", "average", "export", "translate",
-               "evaluate", "tune-search")
+               "evaluate", "score", "tune-search")
 
 
 def test_help_in_a_subprocess_lists_every_subcommand():
@@ -489,3 +490,36 @@ def test_the_no_best_weights_notice_is_said_once(fake_run, tmp_path, caplog, cap
                          "--output", str(tmp_path / "ct2")]) == 0
     notices = [r for r in caplog.records if "has no best weights" in r.getMessage()]
     assert len(notices) == 1, [r.getMessage() for r in notices]
+
+
+def test_score_prints_one_line_per_pair(random_export, random_run, tmp_path, monkeypatch, capsys):
+    """`score`: log P, log P / lp and tokens per pair, tab-separated, the same from an export
+    and from the run; the best translation of a source scores above another source's."""
+    from keras_transformer.export import load_translator
+
+    sources = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "", "Hallo"]
+    loaded = load_translator(random_export)  # kept: a collected module's variables are gone
+    best = [t.decode() for t in loaded.translate_greedy(tf.constant(sources))[
+        "translation"].numpy()]
+    targets = [best[0], best[0], "", best[3]]
+    (tmp_path / "src").write_text("\n".join(sources) + "\n")
+    (tmp_path / "tgt").write_text("\n".join(targets) + "\n")
+    code, out, err = run_cli(monkeypatch, capsys, ["score", "--model", str(random_export),
+                                                   "--source", str(tmp_path / "src"),
+                                                   "--target", str(tmp_path / "tgt")])
+    assert code == 0, err
+    rows = [line.split("\t") for line in out.splitlines()]
+    assert len(rows) == 4 and all(len(row) == 3 for row in rows)
+    assert int(rows[2][2]) == 1  # the empty translation: END alone
+    assert all(float(row[0]) < 0 for row in rows)
+    code, out_run, err = run_cli(monkeypatch, capsys, [
+        "score", "--run", str(random_run), "--source", str(tmp_path / "src"),
+        "--target", str(tmp_path / "tgt"), "--batch-size", "1"])
+    assert code == 0, err
+    for ours, theirs in zip(rows, (line.split("\t") for line in out_run.splitlines())):
+        assert float(ours[0]) == pytest.approx(float(theirs[0]), abs=2e-4)
+    (tmp_path / "short").write_text("eins\n")
+    code, _, err = run_cli(monkeypatch, capsys, ["score", "--model", str(random_export),
+                                                 "--source", str(tmp_path / "src"),
+                                                 "--target", str(tmp_path / "short")])
+    assert code == 2 and "has 4 lines but" in err and len(err.strip().splitlines()) == 1

@@ -661,3 +661,22 @@ def test_the_runtime_translates_without_tensorflow(random_translation_model, tmp
                          check=True, capture_output=True, text=True).stdout
     expected = CTranslate2Translator(folder).translate_beam(sources)["translation"]
     assert json.loads(out) == texts(expected)
+
+
+def test_score_agrees_with_the_savedmodel(models, tmp_path):
+    """`CTranslate2Translator.score` (CTranslate2's score_batch) gives `Translator.score`'s log
+    P, log P / lp and token counts for the same pairs, long and empty targets included."""
+    model, tokenizer = models
+    translator = Translator(model, tokenizer, tokenizer, DECODE)
+    ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2"))
+    targets = ["A man rides a bike.", "", "Two dogs play in the snow.", "x " * 60, "Hallo",
+               "Der Mann's Hut.", "漢字", "a", "Kinder.", "Ein Hund.", "Leute", "Iglu!"]
+    ours = translator.score(tf.constant(SENTENCES), tf.constant(targets))
+    theirs = ct2.score(SENTENCES, targets)
+    np.testing.assert_array_equal(theirs["tokens"], ours["tokens"])
+    assert theirs["tokens"][3] == MAX_LENGTH
+    for key in ("score", "normalized_score"):
+        np.testing.assert_allclose(theirs[key], ours[key].numpy(), rtol=1e-4, atol=1e-3)
+    assert ct2.score([], [])["score"].shape == (0,)
+    with pytest.raises(ConfigError, match="2 sources for 1 targets"):
+        ct2.score(SENTENCES[:2], targets[:1])

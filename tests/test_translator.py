@@ -415,3 +415,53 @@ def test_decoding_loop_reads_no_variables(translator, function):
     assert bodies
     for body in bodies:
         assert "ReadVariableOp" not in {node.op for node in body.node_def}, body.signature.name
+
+
+# Scoring given translations.
+
+
+def test_a_searchs_score_of_its_output_is_the_score_of_that_output(translator):
+    """`score_ids` of greedy's and beam's own ids: greedy's log P, and the beam's log P / lp for
+    every hypothesis that ended (a hypothesis cut at its cap has no END, which a given
+    translation always has)."""
+    source_ids = translator.source_ids(tf.constant(SENTENCES))
+    greedy_ids, greedy_scores = translator.search(source_ids, "greedy")
+    scores, tokens = translator.score_ids(source_ids, greedy_ids)
+    ended = (greedy_ids.numpy() == END_ID).any(axis=1)
+    assert ended.any()
+    np.testing.assert_allclose(scores.numpy()[ended], greedy_scores.numpy()[ended], rtol=1e-5)
+    np.testing.assert_array_equal(tokens, (greedy_ids.numpy() != PAD_ID).sum(axis=1))
+    beam_ids, beam_scores = (t.numpy() for t in translator.search(source_ids, "beam"))
+    checked = 0
+    for rank in range(3):
+        ids = beam_ids[:, rank]
+        scores, tokens = (t.numpy() for t in translator.score_ids(source_ids, ids))
+        penalty = decoding.length_penalty(tokens.astype(np.float32), 0.6)
+        for row in np.flatnonzero((ids == END_ID).any(axis=1)):
+            assert scores[row] / penalty[row] == pytest.approx(beam_scores[row, rank], rel=1e-5)
+            checked += 1
+    assert checked >= 5
+
+
+def test_the_score_signature_tokenizes_targets_as_translations_are(translator):
+    """`score(source, target)` on texts: the target normalized and tokenized (END added), log P
+    and log P / lp; an empty target is END alone; a batch of nothing is nothing."""
+    targets = ["A man rides a bike.", "", "  Two   dogs\tplay. ", "x " * 100, "Hallo"]
+    result = {k: v.numpy() for k, v in translator.score(tf.constant(SENTENCES),
+                                                        tf.constant(targets)).items()}
+    target_ids = translator.target_ids(tf.constant(targets)).numpy()
+    assert target_ids[1].tolist()[:1] == [END_ID] and result["tokens"][1] == 1
+    assert result["tokens"][3] == translator.model.config.max_positions  # truncated, END last
+    assert target_ids[3][-1] == END_ID
+    same = translator.score(tf.constant(SENTENCES[2:3]), tf.constant(["Two dogs play."]))
+    assert result["score"][2] == pytest.approx(float(same["score"][0]), rel=1e-5)
+    scores, tokens = translator.score_ids(translator.source_ids(tf.constant(SENTENCES)),
+                                          target_ids)
+    np.testing.assert_allclose(result["score"], scores, rtol=1e-6)
+    np.testing.assert_allclose(result["normalized_score"],
+                               result["score"] / decoding.length_penalty(
+                                   result["tokens"].astype(np.float32), 0.6), rtol=1e-6)
+    assert (result["score"] < 0).all()
+    empty = translator.score(tf.constant([], tf.string), tf.constant([], tf.string))
+    assert {k: v.shape for k, v in empty.items()} == {"score": (0,), "normalized_score": (0,),
+                                                      "tokens": (0,)}
