@@ -211,18 +211,10 @@ def _translate_function(args):
     An exported model's beam size and sampling settings are fixed at export: --beam and
     --sampling-* must match them (CTranslate2 exports take any)."""
     sampling = _sampling_settings(args)
-    if args.run_dir:
-        from keras_transformer.translator import translator_from_run
-
-        module = translator_from_run(args.run_dir, weights=args.weights or "best",
-                                     beam_size=args.beam, **sampling)
-    else:
-        from keras_transformer.export import load_any
-
-        if args.weights is not None:
-            raise ConfigError(f"--weights {args.weights}: an export holds the weights it was "
-                              "made from; --weights is for --run")
-        module = load_any(args.model)
+    if args.workers > 1:
+        _one_thread_per_op(args.workers)
+    module = _translator_module(args, **sampling)
+    if not args.run_dir:
         if args.beam is not None and not args.greedy:
             exported = int(module.translate_nbest(_strings(["."]))["scores"].shape[1])
             if args.beam != exported:
@@ -242,6 +234,20 @@ def _translate_function(args):
     # The closure keeps `module` alive: a tf.function bound to a collected module fails, and a
     # loaded SavedModel's variables are deleted with it.
     return lambda *inputs: getattr(module, name)(*inputs)
+
+
+def _one_thread_per_op(workers: int) -> None:
+    """With `workers` batches in flight, each op runs on one thread (`workers` at once), as
+    `benchmarks/decode.py` measures the 2-core rows: the ops of two batches on two threads each
+    oversubscribe the cores. A process whose TensorFlow runtime already runs keeps its
+    settings."""
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(workers)
+    except RuntimeError:  # set once per process, before the first op
+        pass
 
 
 def _check_exported_sampling(model_dir, module, sampling: dict) -> None:
@@ -363,11 +369,73 @@ def _read_aligned(source_path, reference_path, command: str) -> tuple[list[str],
 def _translate(args) -> int:
     if args.shard is not None and args.output is None:
         raise ConfigError("--shard is for --source FILE --output FILE")
+    if args.nbest is not None:
+        return _translate_nbest(args)
     if args.output is not None:
         return _translate_file(args)
     lines = _read_user_lines(args.source, args.command)
     _write_lines(_translate_lines(args, lines))
     return 0
+
+
+def _translate_nbest(args) -> int:
+    """--nbest N: the N best hypotheses of beam search per source line, best first, as Moses
+    writes them (`LINE ||| hypothesis ||| score`, lines counted from 0) or JSON lines
+    (`{"line", "hypotheses": [{"translation", "score"}, ...]}`); scores are log P / lp. A
+    source without words has the empty translation alone; fewer possible hypotheses than N
+    give fewer lines."""
+    import json
+
+    import numpy as np
+
+    from keras_transformer.decoding import NEG_INF
+    from keras_transformer.text_io import one_line
+
+    if args.greedy or args.sampling:
+        raise ConfigError("--nbest is beam search's n-best list: not with --greedy or --sampling")
+    if args.output is not None or args.shard is not None:
+        raise ConfigError("--nbest writes to standard output: not with --output or --shard")
+    lines = _read_user_lines(args.source, args.command)
+    module = _translator_module(args)
+    width = int(module.translate_nbest(_strings(["."]))["scores"].shape[1])
+    if args.nbest > width:
+        raise ConfigError(f"--nbest {args.nbest}: the beam holds {width} hypotheses; give "
+                          f"--beam {args.nbest} (with --run), or export with --beam {args.nbest}")
+    order = sorted(range(len(lines)), key=lambda i: len(lines[i].split()))
+    found: list = [None] * len(lines)
+    for start in range(0, len(order), args.batch_size):
+        rows = order[start:start + args.batch_size]
+        outputs = module.translate_nbest(_strings([lines[i] for i in rows]))
+        texts, scores = np.asarray(outputs["translations"]), np.asarray(outputs["scores"])
+        for row, row_texts, row_scores in zip(rows, texts, scores):
+            found[row] = [(text.decode("utf-8"), float(score))
+                          for text, score in zip(row_texts[:args.nbest], row_scores)
+                          if score > NEG_INF / 2]
+    if args.nbest_format == "jsonl":
+        out = [json.dumps({"line": index, "hypotheses": [
+            {"translation": text, "score": score} for text, score in hypotheses]},
+            ensure_ascii=False) for index, hypotheses in enumerate(found)]
+    else:
+        out = [f"{index} ||| {one_line(text)} ||| {score:.4f}"
+               for index, hypotheses in enumerate(found) for text, score in hypotheses]
+    _write_lines(out)
+    return 0
+
+
+def _translator_module(args, **decode_settings):
+    """The Translator of --run (with --beam and `decode_settings`, e.g. sampling_topk) or the
+    loaded export of --model (CTranslate2: `--workers` threads)."""
+    if args.run_dir:
+        from keras_transformer.translator import translator_from_run
+
+        return translator_from_run(args.run_dir, weights=args.weights or "best",
+                                   beam_size=getattr(args, "beam", None), **decode_settings)
+    from keras_transformer.export import load_any
+
+    if args.weights is not None:
+        raise ConfigError(f"--weights {args.weights}: an export holds the weights it was made "
+                          "from; --weights is for --run")
+    return load_any(args.model, inter_threads=getattr(args, "workers", 1))
 
 
 def _translate_file(args) -> int:
@@ -426,20 +494,10 @@ def _score(args) -> int:
 
     _check_output_file(args.output, {"--source": args.source, "--target": args.target})
     sources, targets = _read_aligned(args.source, args.target, args.command)
-    if args.run_dir:
-        from keras_transformer.translator import translator_from_run
-
-        module = translator_from_run(args.run_dir, weights=args.weights or "best")
-    else:
-        from keras_transformer.export import load_any
-
-        if args.weights is not None:
-            raise ConfigError(f"--weights {args.weights}: an export holds the weights it was "
-                              "made from; --weights is for --run")
-        module = load_any(args.model)
-        if not hasattr(module, "score"):
-            raise ConfigError(f"{args.model} was exported before scoring existed; export it "
-                              "again, or use --run")
+    module = _translator_module(args)
+    if not hasattr(module, "score"):
+        raise ConfigError(f"{args.model} was exported before scoring existed; export it "
+                          "again, or use --run")
     results = score_texts(lambda source, target: module.score(source, target), sources,
                           targets, batch_size=args.batch_size)
     lines = [f"{log_p:.4f}\t{normalized:.4f}\t{tokens}" for log_p, normalized, tokens in results]
@@ -697,6 +755,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "a killed job run again resumes at its first untranslated line")
     translate.add_argument("--shard", metavar="I/N", help="with --output: translate the I-th "
                            "of N contiguous slices of --source (0 <= I < N)")
+    translate.add_argument("--nbest", type=_positive_int, metavar="N",
+                           help="write beam search's N best hypotheses per line with their "
+                                "scores (N <= the beam size)")
+    translate.add_argument("--nbest-format", choices=("moses", "jsonl"), default="moses",
+                           help="with --nbest: 'LINE ||| hypothesis ||| score' lines (Moses, "
+                                "default) or one JSON object per source line")
     translate.set_defaults(run=_translate)
 
     evaluate = commands.add_parser("evaluate", help="sacreBLEU and chrF of a model on files")

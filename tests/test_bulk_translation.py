@@ -6,11 +6,13 @@ differ in their last bits between batches, which can move a draw of the random m
 flat distributions (`decoding.SamplingSearch`); the decoding tests show the per-sentence seeds
 with exact logits."""
 
+import gzip
 import io
 import json
 import sys
 
 import pytest
+import tensorflow as tf
 
 from keras_transformer import cli
 from keras_transformer.bulk_translation import RESUME_SUFFIX, Shard, translate_file
@@ -213,3 +215,45 @@ def test_the_progress_bar_counts_this_runs_rate_and_time_left():
     rate = float(text.split(", ")[1].removesuffix("/s"))
     assert 9.0 < rate <= 10.0  # 20 sentences in two seconds (and a little more)
     assert text.endswith(", 0:00:04 left")
+
+
+def test_the_file_benchmark_takes_unique_captions_in_file_order(tmp_path):
+    from helpers import load_benchmark
+
+    bench = load_benchmark("translate_file")
+    for index, lines in enumerate([["b", "a", "b"], ["", "c", "a"], ["d"], [], []], start=1):
+        with gzip.open(tmp_path / f"train.{index}.de.gz", "wt", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in lines)
+    assert bench.caption_lines(tmp_path, "de", 3) == ["b", "a", "c"]
+    assert bench.caption_lines(tmp_path, "de", 10) == ["b", "a", "c", "d"]
+
+
+def test_nbest_lists_in_moses_and_json_lines(random_export, random_run, monkeypatch, capsys):
+    """`translate --nbest N`: N hypotheses per line, best first, the export's n-best; a line
+    without words has the empty translation alone."""
+    from keras_transformer.export import load_translator
+
+    stdin = "".join(line + "\n" for line in LINES[:4]).encode()  # line 1 is empty
+    code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),
+                                                   "--nbest", "2"], stdin)
+    assert code == 0, err
+    rows = [line.split(" ||| ") for line in out.splitlines()]
+    assert [row[0] for row in rows] == ["0", "0", "1", "2", "2", "3", "3"]
+    loaded = load_translator(random_export)
+    nbest = loaded.translate_nbest(tf.constant(LINES[:4]))
+    want = [(t.decode(), s) for t, s in zip(nbest["translations"].numpy()[0],
+                                            nbest["scores"].numpy()[0])]
+    assert [(row[1], float(row[2])) for row in rows[:2]] == [
+        (text, pytest.approx(score, abs=1e-4)) for text, score in want]
+    assert rows[2][1:] == ["", "0.0000"]
+    code, out, _ = run_cli(monkeypatch, capsys, ["translate", "--run", str(random_run),
+                                                 "--beam", "3", "--nbest", "3",
+                                                 "--nbest-format", "jsonl"], stdin)
+    entries = [json.loads(line) for line in out.splitlines()]
+    assert [e["line"] for e in entries] == [0, 1, 2, 3]
+    assert [len(e["hypotheses"]) for e in entries] == [3, 1, 3, 3]
+    scores = [h["score"] for h in entries[0]["hypotheses"]]
+    assert scores == sorted(scores, reverse=True)
+    code, _, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),
+                                                 "--nbest", "3"], stdin)
+    assert code == 2 and "--nbest 3: the beam holds 2 hypotheses" in error_line(err)
