@@ -33,7 +33,7 @@ from keras_transformer.config import ConfigError
 from keras_transformer.text_io import DataError, one_line, read_user_lines
 from keras_transformer.translator import TranslateFn, translate_texts
 
-CHUNK_SIZE = 4096  # lines sorted and written together (the loss of a kill, at most)
+CHUNK_SIZE = 16384  # lines sorted and written together (at most the loss of a kill)
 RESUME_SUFFIX = ".resume.json"
 
 

@@ -580,3 +580,70 @@ def test_wordpiece_run_exports_and_translates_after_reloading(wordpiece_run, tmp
     assert not ops - set(reloaded["core_ops"]) - SERVING_TF_TEXT_OPS
     assert {op for op in ops & SERVING_TF_TEXT_OPS if "ordpiece" in op}  # WordPiece, not SP
     assert not {op for op in ops if "entencepiece" in op}
+
+
+# A strategy registered in one place reaches the Translator and the export.
+_TOY_STRATEGY = r"""
+import json, sys
+sys.path.insert(0, sys.argv[2])
+import numpy as np
+import tensorflow as tf
+from keras_transformer import decoding
+
+
+@decoding.register_strategy("second_best")  # the one line a new strategy adds
+class SecondBest(decoding.GreedySearch):
+    "The second most probable token each step, END where END is the most probable."
+
+    def choose(self, step, logits, search):
+        top = tf.math.top_k(tf.nn.log_softmax(logits), k=2)
+        pick = tf.where(top.indices[:, 0] == self.end_id, 0, 1)[:, None]
+        return (tf.gather(top.indices, pick, batch_dims=1)[:, 0],
+                tf.gather(top.values, pick, batch_dims=1)[:, 0])
+
+
+from helpers import seeded_tiny_model
+from keras_transformer.config import DecodeConfig
+from keras_transformer.export import export_translator, load_translator
+from keras_transformer.tokenizers import SentencePieceTokenizer
+from keras_transformer.translator import Translator
+
+tokenizer = SentencePieceTokenizer(sys.argv[1] + "/sentencepiece.model")
+model = seeded_tiny_model(tokenizer, seed=3, output_scale=3.0)
+translator = Translator(model, tokenizer, tokenizer, DecodeConfig(beam_size=2, max_extra_length=6))
+sentences = json.loads(sys.argv[3])
+source_ids = translator.source_ids(tf.constant(sentences))
+ids, _ = translator.search(source_ids, "second_best")
+ids = ids.numpy()
+checked = 0
+for row in range(len(sentences)):
+    tokens = [int(t) for t in ids[row] if t != 0]
+    target_in = tf.constant([[1] + tokens[:-1]])
+    logits = model((source_ids[row:row + 1], target_in), training=False)[0].numpy()
+    for position, token in enumerate(tokens):
+        order = np.argsort(-logits[position], kind="stable")
+        assert token == (order[0] if order[0] == 2 else order[1]), (row, position)
+        checked += 1
+eager = translator.translate_second_best(tf.constant(sentences))["translation"].numpy()
+loaded = load_translator(export_translator(translator, sys.argv[4], warmup_sentences=None))
+exported = loaded.signatures["translate_second_best"](source=tf.constant(sentences))
+print("RESULT" + json.dumps({"checked": checked, "same": eager.tolist() ==
+                            exported["translation"].numpy().tolist()}))
+"""
+
+
+def test_a_strategy_registered_in_decoding_reaches_search_and_export(sentencepiece_vocab,
+                                                                      tmp_path):
+    """A toy strategy, registered as decoding.py registers its own, is searched by
+    `Translator.search` (each token the model's second choice) and exported as
+    `translate_second_best`, which gives the eager translations; no other file changes."""
+    from helpers import REPO_ROOT
+
+    _, vocab_dir = sentencepiece_vocab
+    result = subprocess.run(
+        [sys.executable, "-c", _TOY_STRATEGY, str(vocab_dir), str(REPO_ROOT / "tests"),
+         json.dumps(SENTENCES[:4] + SENTENCES[6:7]), str(tmp_path / "toy" / "1")],
+        capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcome = json.loads(result.stdout.split("RESULT", 1)[1])
+    assert outcome["checked"] > 5 and outcome["same"]
