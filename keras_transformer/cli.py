@@ -449,23 +449,21 @@ def _translate_file(args) -> int:
                 "search": _search_name(args), "beam": args.beam,
                 **{key: getattr(args, key) for key in SAMPLING_FLAGS}}
     translate = _translate_function(args)
-    progress = None
-    if not args.quiet:
-        bar = None
+    bar = None
 
-        def progress(done, total):
-            nonlocal bar
-            if bar is None:
-                bar = _Progress(total, done=done)
-                if done:
-                    print(f"keras-transformer translate: {args.output} holds {done} lines; "
-                          "resuming", file=sys.stderr)
-            bar.show(done)
+    def progress(done, total):
+        nonlocal bar
+        if bar is None:
+            bar = _Progress(total, done=done)
+            if done:
+                print(f"keras-transformer translate: {args.output} holds {done} lines; "
+                      "resuming", file=sys.stderr)
+        bar.show(done)
 
     result = translate_file(translate, args.source, args.output, settings=settings,
                             shard=shard, seed=args.seed if args.sampling else None,
                             batch_size=args.batch_size, workers=args.workers,
-                            progress=progress)
+                            progress=None if args.quiet else progress)
     print(f"keras-transformer translate: wrote {result['lines']} lines to {args.output}",
           file=sys.stderr)
     return 0

@@ -31,7 +31,7 @@ import ctranslate2
 import numpy as np
 import sentencepiece
 
-from keras_transformer.config import PROVENANCE_FILE, SENTENCEPIECE_FILE, ConfigError
+from keras_transformer.config import PROVENANCE_FILE, ConfigError
 from keras_transformer.search_rules import (NEG_INF, cannot_improve, finished_to_stop,
                                             length_penalty)
 from keras_transformer.text_io import file_sha256, first_line
