@@ -214,6 +214,8 @@ def _translate_function(args):
     if args.workers > 1:
         _one_thread_per_op(args.workers)
     module = _translator_module(args, **sampling)
+    if getattr(args, "prefix", None) is not None:  # translate's, not evaluate's
+        return _prefix_function(args, module)
     if not args.run_dir:
         if args.beam is not None and not args.greedy:
             exported = int(module.translate_nbest(_strings(["."]))["scores"].shape[1])
@@ -234,6 +236,25 @@ def _translate_function(args):
     # The closure keeps `module` alive: a tf.function bound to a collected module fails, and a
     # loaded SavedModel's variables are deleted with it.
     return lambda *inputs: getattr(module, name)(*inputs)
+
+
+def _prefix_function(args, module):
+    """With --prefix: `(string [batch], prefixes string [batch]) -> {"translation", ...}`."""
+    if args.sampling:
+        raise ConfigError("--prefix is for beam or greedy search, not --sampling")
+    if args.run_dir:
+        search = _search_name(args)
+        return lambda batch, prefixes: module.translate(batch, search, prefix=prefixes)
+    if hasattr(module, "sample_ids"):  # CTranslate2
+        return lambda batch, prefixes: module.translate_prefix(batch, prefixes,
+                                                               greedy=args.greedy)
+    if args.greedy:
+        raise ConfigError("--prefix with an exported SavedModel is its translate_prefix "
+                          "signature, beam search: drop --greedy, or use --run")
+    if not hasattr(module, "translate_prefix"):
+        raise ConfigError(f"{args.model} was exported before translate_prefix existed; export "
+                          "it again, or use --run")
+    return lambda batch, prefixes: module.translate_prefix(batch, prefixes)
 
 
 def _one_thread_per_op(workers: int) -> None:
@@ -303,11 +324,17 @@ class _Progress:
 def _translate_lines(args, lines):
     from keras_transformer.translator import translate_texts
 
+    prefixes = None
+    if getattr(args, "prefix", None) is not None:
+        prefixes = _read_lines(args.prefix, args.command)
+        if len(prefixes) != len(lines):
+            raise ConfigError(f"--prefix {args.prefix} has {len(prefixes)} lines, the input "
+                              f"{len(lines)}: one prefix a line (empty: none)")
     translate = _translate_function(args)
     progress = _Progress(len(lines)) if not args.quiet else None
     seeds = [args.seed + line for line in range(len(lines))] if args.sampling else None
     return translate_texts(translate, lines, batch_size=args.batch_size, progress=progress,
-                           workers=args.workers, seeds=seeds)
+                           workers=args.workers, seeds=seeds, prefixes=prefixes)
 
 
 def _read_lines(path, command: str) -> list[str]:
@@ -369,6 +396,8 @@ def _read_aligned(source_path, reference_path, command: str) -> tuple[list[str],
 def _translate(args) -> int:
     if args.shard is not None and args.output is None:
         raise ConfigError("--shard is for --source FILE --output FILE")
+    if args.prefix is not None and (args.output is not None or args.nbest is not None):
+        raise ConfigError("--prefix writes to standard output: not with --output or --nbest")
     if args.nbest is not None:
         return _translate_nbest(args)
     if args.output is not None:
@@ -753,6 +782,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "a killed job run again resumes at its first untranslated line")
     translate.add_argument("--shard", metavar="I/N", help="with --output: translate the I-th "
                            "of N contiguous slices of --source (0 <= I < N)")
+    translate.add_argument("--prefix", metavar="FILE",
+                           help="one target prefix a line of the input: each translation starts "
+                                "with it (interactive completion; an empty line forces nothing)")
     translate.add_argument("--nbest", type=_positive_int, metavar="N",
                            help="write beam search's N best hypotheses per line with their "
                                 "scores (N <= the beam size)")

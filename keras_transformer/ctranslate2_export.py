@@ -39,9 +39,8 @@ import sentencepiece
 import tensorflow as tf
 from ctranslate2.specs import common_spec, transformer_spec
 
-from keras_transformer.config import ConfigError, DecodeConfig
-from keras_transformer.ctranslate2_translator import (MODEL_CHECKSUM, MODEL_FILE,
-                                                      SENTENCEPIECE_FILE, SETTINGS_FILE)
+from keras_transformer.config import SENTENCEPIECE_FILE, ConfigError, DecodeConfig
+from keras_transformer.ctranslate2_translator import MODEL_CHECKSUM, MODEL_FILE, SETTINGS_FILE
 from keras_transformer.layers.normalization import LAYER_NORM_EPSILON
 from keras_transformer.model import Transformer
 from keras_transformer.text_io import errno_of, file_sha256, write_error

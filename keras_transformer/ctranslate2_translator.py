@@ -175,6 +175,30 @@ class CTranslate2Translator:
         # Each output's log P up to its own cap (a batch is decoded to its longest cap).
         return [(ids, float(np.sum(log_probs[:len(ids)]))) for ids, log_probs in drawn]
 
+    def translate_prefix(self, batch, prefixes, *, greedy: bool = False) -> dict:
+        """`translate_beam` (or greedy search) whose outputs start with `prefixes` (one per
+        sentence, normalized and tokenized as translations are; "" forces nothing), by
+        CTranslate2's `target_prefix`: `{"translation": bytes [batch], "score": float32
+        [batch]}`. A source without words gives "" as in `translate_beam`."""
+        sources, prefixes = _strings(batch), _strings(prefixes)
+        if len(sources) != len(prefixes):
+            raise ConfigError(f"{len(sources)} sources for {len(prefixes)} prefixes")
+        pieces = [self._source_pieces(normalize(text)) for text in sources]
+        forced = [self.processor.encode(normalize(text).decode("utf-8"), out_type=str)[
+            :self.max_positions - 1] for text in prefixes]
+        rows = [index for index, source in enumerate(pieces) if source is not None]
+        best = [([], 0.0)] * len(sources)
+        if rows:
+            caps = [min(max(self._cap(pieces[i]), len(forced[i]) + 1), self.max_positions)
+                    for i in rows]
+            results = self.translator.translate_batch(
+                [pieces[i] for i in rows], target_prefix=[forced[i] or None for i in rows],
+                beam_size=1 if greedy else self.beam_size, max_decoding_length=max(caps),
+                **self.options)
+            for index, cap, result in zip(rows, caps, results):
+                best[index] = _cut(self._hypotheses(result)[0], cap)
+        return {"translation": self._texts(best), "score": _scores(best)}
+
     def score(self, sources, targets) -> dict:
         """log P(target | source) of each pair by CTranslate2's `score_batch`, as
         `Translator.score` defines it: `{"score": float32 [batch], "normalized_score": float32

@@ -20,6 +20,9 @@ Exported signatures (input `source`: string `[batch]`, any batch size including 
                         sampling_temperature), inputs source and seed int64 [batch] (each
                         sentence's own seed) -> translation string [batch], score float32 [batch]
     translate_nbest     beam search -> translations string [batch, beam], scores float32 [batch, beam]
+    translate_prefix    beam search whose output starts with the given prefix (interactive
+                        completion), inputs source and prefix string [batch]
+                        -> translation string [batch], score float32 [batch]
     score               the log-probability of given translations, inputs source and target string
                         [batch] -> score float32 [batch], normalized_score float32 [batch],
                         tokens int32 [batch]
@@ -65,7 +68,8 @@ ALPHA_SPEC = tf.TensorSpec([], tf.float32, name="alpha")
 SIGNATURE_INPUT = "source"  # the input key of every exported signature
 # `Translator.translate(search=...)`: every registered strategy, and the beam's n-best.
 SEARCHES = (*decoding.STRATEGIES, "nbest")
-SIGNATURES = ("serving_default", *(f"translate_{name}" for name in SEARCHES), "score")
+SIGNATURES = ("serving_default", *(f"translate_{name}" for name in SEARCHES),
+              "translate_prefix", "score")
 TranslateFn = Callable[[tf.Tensor], dict]  # string [batch] -> {"translation": string [batch], ...}
 
 
@@ -75,6 +79,8 @@ def signature_inputs(signature: str) -> dict:
     source = {SIGNATURE_INPUT: tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)}
     if signature == "score":
         return {**source, "target": tf.TensorSpec([None], tf.string, name="target")}
+    if signature == "translate_prefix":
+        return {**source, "prefix": tf.TensorSpec([None], tf.string, name="prefix")}
     name = signature.removeprefix("translate_")
     strategy = decoding.STRATEGIES.get("beam" if name in ("nbest", "serving_default") else name)
     return {**source, **strategy.signature_inputs}
@@ -161,6 +167,10 @@ class Translator(tf.Module):
         inputs = signature_inputs("score")
         self.score = tf.function(self._score, input_signature=list(inputs.values()),
                                  autograph=False)
+        inputs = signature_inputs("translate_prefix")
+        self.translate_prefix = tf.function(
+            lambda source, prefix: self.translate(source, "beam", prefix=prefix),
+            input_signature=list(inputs.values()), autograph=False)
 
     @tf.function(input_signature=[STRINGS_SPEC], autograph=False)
     def __call__(self, source):
@@ -227,6 +237,8 @@ class Translator(tf.Module):
         decoded, skipped = tf.boolean_mask(rows, has_words), tf.boolean_mask(rows, ~has_words)
         for name in decoding.STRATEGIES[strategy].signature_inputs:  # one row per source
             options[name] = tf.gather(options[name], decoded)
+        if options.get("prefix") is not None:  # one row per source too
+            options["prefix"] = self.prefix_ids(tf.gather(options["prefix"], decoded))
 
         def translate_rows():
             ids, scores = self.search(self._tokenize(tf.gather(source, decoded)), strategy,
@@ -261,6 +273,13 @@ class Translator(tf.Module):
                     "tokens": tf.zeros([0], tf.int32)}
 
         return tf.cond(tf.size(source) > 0, score_rows, no_rows)
+
+    def prefix_ids(self, prefix):
+        """Prefix strings `[batch]` -> int32 `[batch, length]`: the normalized text's tokens
+        without START and END, then PAD (an empty prefix forces nothing). A prefix that ends
+        inside a word is that word's first pieces, which the search continues."""
+        tokens = self.target_tokenizer.tokenize(normalize_text(prefix))[:, 1:-1]
+        return tokens.to_tensor()[:, :self.model.config.max_positions - 1]
 
     def target_ids(self, target):
         """Target strings `[batch]` -> int32 `[batch, length]`, as a search outputs them: the
@@ -312,11 +331,19 @@ class Translator(tf.Module):
         if search not in decoding.STRATEGIES:
             raise ValueError(f"search={search!r} is not one of {', '.join(decoding.STRATEGIES)}")
         source_ids = tf.convert_to_tensor(source_ids, tf.int32)
+        prefix = options.pop("prefix", None)
         if length_caps is None:
             lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), axis=1)
+            if prefix is not None:  # room for the prefix and at least one more token
+                prefix_lengths = tf.reduce_sum(tf.cast(tf.not_equal(prefix, PAD_ID), tf.int32),
+                                               axis=1)
+                lengths = tf.maximum(lengths, prefix_lengths + 1
+                                     - self.decode_config.max_extra_length)
             length_caps = tf.minimum(lengths + self.decode_config.max_extra_length,
                                      self.model.config.max_positions)
         length_caps = tf.convert_to_tensor(length_caps, tf.int32)
+        if prefix is not None:
+            options["prefix_ids"] = tf.convert_to_tensor(prefix, tf.int32)
         max_decode_length = tf.reduce_max(tf.concat([length_caps, [1]], 0))
         if search == "beam":  # a tensor, so that every alpha runs one trace
             options["alpha"] = tf.convert_to_tensor(
@@ -360,12 +387,17 @@ class Translator(tf.Module):
         """`search`'s traced body: encode, then `decoding.decode` of the strategy named
         `strategy` over `decode_step`, every weight read once per batch (not once per step
         inside the loop)."""
+        options = dict(options)
+        prefix_ids = options.pop("prefix_ids", None)
         return self._decode(decoding.strategy_from_config(strategy, self.decode_config,
                                                           **options),
-                            source_ids, length_caps, max_decode_length)
+                            source_ids, length_caps, max_decode_length, prefix_ids)
 
-    def _decode(self, strategy, source_ids, length_caps, max_decode_length):
-        """`decoding.decode` of `strategy` over `decode_step` for a batch of sources."""
+    def _decode(self, strategy, source_ids, length_caps, max_decode_length, prefix_ids=None):
+        """`decoding.decode` of `strategy` over `decode_step` for a batch of sources; with
+        `prefix_ids` int32 `[batch, length]` (PAD after each row's tokens), each sentence's
+        first tokens are forced to its prefix: at those steps every other token's logit is
+        `decoding.NEG_INF`, so any strategy takes the prefix token, at no cost to its score."""
         model = self.model
         if self.frozen_weights:
             weights = tf.nest.pack_sequence_as(
@@ -377,13 +409,23 @@ class Translator(tf.Module):
         cache = model.init_cache(batch_size)
 
         def step_function(ids, step, cache, memory, beams):
-            return model.decode_step(weights, ids, step, cache, memory, beams)
+            logits, cache = model.decode_step(weights, ids, step, cache, memory, beams)
+            if prefix_ids is None:
+                return logits, cache
+            prefix = tf.repeat(memory["prefix"], beams, axis=0)  # [rows, prefix length]
+            token = tf.gather(prefix, tf.minimum(step, tf.shape(prefix)[1] - 1), axis=1)
+            forced = (step < tf.shape(prefix)[1]) & tf.not_equal(token, PAD_ID)  # [rows]
+            forcing = tf.where(tf.one_hot(token, tf.shape(logits)[1]) > 0, 0.0,
+                               decoding.NEG_INF)
+            return tf.where(forced[:, None], forcing, logits), cache
 
+        context = model.start_decoding(weights, source_ids)
+        if prefix_ids is not None:  # gathered with the context as sentences finish
+            context = {**context, "prefix": prefix_ids}
         return decoding.decode(
             strategy, step_function, cache, batch_size=batch_size,
             max_decode_length=max_decode_length, length_caps=length_caps,
-            state_shape_invariants=model.cache_shape_invariants(cache),
-            context=model.start_decoding(weights, source_ids))
+            state_shape_invariants=model.cache_shape_invariants(cache), context=context)
 
 
 def _shared_variables(tensors: list) -> list:
@@ -432,29 +474,33 @@ def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
 
 def translate_texts(translate: TranslateFn, sentences: Sequence[str], *,
                     batch_size: int = 64, progress: Callable[[int], None] | None = None,
-                    workers: int = 1, seeds: Sequence[int] | None = None) -> list[str]:
+                    workers: int = 1, seeds: Sequence[int] | None = None,
+                    prefixes: Sequence[str] | None = None) -> list[str]:
     """Translates `sentences` in batches of similar length; returns them in input order.
 
     Sorting by length keeps padding, and wasted decoder steps, small. `translate` is a Translator
     signature (`translate_greedy`, `translate_beam`, or a loaded SavedModel's function); with
     `seeds` (one per sentence, as `translate_sampling` takes them) it is called as
-    `translate(batch, seeds int64 [batch])`. `workers` > 1 runs that many batches at once from a
+    `translate(batch, seeds int64 [batch])`, with `prefixes` (one per sentence, as
+    `translate_prefix` takes them) as `translate(batch, prefixes string [batch])`. `workers` > 1 runs that many batches at once from a
     thread pool, as concurrent requests to a server would (TensorFlow releases the GIL while a
     batch runs).
     """
     if batch_size < 1 or workers < 1:
         raise ValueError(f"batch_size={batch_size} and workers={workers} must be >= 1")
-    if seeds is not None and len(seeds) != len(sentences):
-        raise ValueError(f"{len(seeds)} seeds for {len(sentences)} sentences")
+    second = seeds if seeds is not None else prefixes
+    if second is not None and len(second) != len(sentences):
+        raise ValueError(f"{len(second)} seeds or prefixes for {len(sentences)} sentences")
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i].split()))
     batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
 
     def run(indices):
         batch = tf.constant([sentences[i] for i in indices], tf.string)
-        if seeds is None:
+        if second is None:
             outputs = translate(batch)["translation"]
         else:
-            outputs = translate(batch, tf.constant([seeds[i] for i in indices], tf.int64))[
+            outputs = translate(batch, tf.constant([second[i] for i in indices],
+                                                   tf.int64 if seeds is not None else tf.string))[
                 "translation"]
         return indices, outputs.numpy() if hasattr(outputs, "numpy") else outputs
 

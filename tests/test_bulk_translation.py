@@ -257,3 +257,24 @@ def test_nbest_lists_in_moses_and_json_lines(random_export, random_run, monkeypa
     code, _, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),
                                                  "--nbest", "3"], stdin)
     assert code == 2 and "--nbest 3: the beam holds 2 hypotheses" in error_line(err)
+
+
+def test_translate_with_a_prefix_file(random_run, random_export, tmp_path, monkeypatch, capsys):
+    """`translate --prefix FILE`: each output line starts with its prefix line (from a run with
+    greedy search, and from an export's translate_prefix signature); mismatched files are one
+    line."""
+    prefixes = ["A man", "", "Two", "Hal"]
+    (tmp_path / "prefix").write_text("\n".join(prefixes) + "\n", encoding="utf-8")
+    stdin = "".join(line + "\n" for line in LINES[:4]).encode()
+    for argv in (["--run", str(random_run), "--greedy"], ["--model", str(random_export)]):
+        code, out, err = run_cli(monkeypatch, capsys, ["translate", *argv, "--quiet",
+                                                       "--prefix", str(tmp_path / "prefix")],
+                                 stdin)
+        assert code == 0, err
+        lines = out.split("\n")[:-1]
+        assert len(lines) == 4 and lines[1] == ""  # line 1 has no words: not decoded
+        assert all(line.startswith(prefix) for line, prefix in zip(lines, prefixes))
+    code, _, err = run_cli(monkeypatch, capsys, ["translate", "--run", str(random_run),
+                                                 "--prefix", str(tmp_path / "prefix")],
+                           stdin[:20])
+    assert code == 2 and "has 4 lines, the input 1" in error_line(err)

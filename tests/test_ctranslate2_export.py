@@ -680,3 +680,27 @@ def test_score_agrees_with_the_savedmodel(models, tmp_path):
     assert ct2.score([], [])["score"].shape == (0,)
     with pytest.raises(ConfigError, match="2 sources for 1 targets"):
         ct2.score(SENTENCES[:2], targets[:1])
+
+
+def test_a_forced_prefix_starts_the_output_and_agrees_with_target_prefix(pre_norm_model,
+                                                                       tmp_path):
+    """Greedy search with a prefix: every output starts with its prefix (one ending inside a
+    word continues it), "" forces nothing, and CTranslate2's target_prefix completes the same."""
+    model, tokenizer = pre_norm_model
+    translator = Translator(model, tokenizer, tokenizer, DECODE)
+    ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2"))
+    prefixes = ["A man", "Two dog", "", "Hallo Welt", "The man's", "Kinder (", "x",
+                "Ein kleines Mäd", "Zwei", "A", "", "Eine Gruppe von"]
+    ours = tf_texts(translator.translate(tf.constant(SENTENCES), "greedy",
+                                         prefix=tf.constant(prefixes))["translation"])
+    greedy = tf_texts(translator.translate_greedy(tf.constant(SENTENCES))["translation"])
+    for text, prefix, plain in zip(ours, prefixes, greedy):
+        assert text.startswith(prefix), (text, prefix)
+        if not prefix:
+            assert text == plain
+    assert any(text != prefix for text, prefix in zip(ours, prefixes) if prefix)  # continued
+    theirs = texts(ct2.translate_prefix(SENTENCES, prefixes, greedy=True)["translation"])
+    assert theirs == ours
+    beam = tf_texts(translator.translate_prefix(tf.constant(SENTENCES), tf.constant(prefixes))[
+        "translation"])
+    assert all(text.startswith(prefix) for text, prefix in zip(beam, prefixes))

@@ -49,8 +49,9 @@ for name in json.loads(sys.argv[3]):
     inputs = {"source": tf.constant(sentences)}
     if "seed" in signature.structured_input_signature[1]:
         inputs["seed"] = tf.range(len(sentences), dtype=tf.int64)
-    if "target" in signature.structured_input_signature[1]:  # score: the sources as targets
-        inputs["target"] = inputs["source"]
+    for extra in ("target", "prefix"):  # score, translate_prefix: the sources again
+        if extra in signature.structured_input_signature[1]:
+            inputs[extra] = inputs["source"]
     result = signature(**inputs)
     outputs[name] = {key: value.numpy().tolist() for key, value in result.items()}
 print("RESULT" + json.dumps({"core_ops": core_ops, "outputs": outputs}, default=bytes.decode))
@@ -68,6 +69,8 @@ for signature in sys.argv[4:]:
         exprs += f";seed={list(range(count))}"  # a literal: numpy makes it int64
     if signature == "score":
         exprs += ";target=" + inputs
+    if signature == "translate_prefix":
+        exprs += ";prefix=" + inputs
     sys.argv = ["saved_model_cli", "run", "--dir", export_dir, "--tag_set", "serve",
                 "--signature_def", signature, "--input_exprs", exprs,
                 "--outdir", f"{out_root}/{signature}"]
@@ -165,11 +168,12 @@ def test_signatures_and_assets(export_dir):
 
 def test_each_search_is_stored_once(export_dir):
     """One decoding loop per strategy in the graph: greedy search, beam search (which the
-    best-beam and n-best signatures share) and sampling, and the score's forced decoding. Signatures traced before
+    best-beam and n-best signatures share), beam search with a forced prefix, sampling, and the
+    score's forced decoding. Signatures traced before
     `tf.saved_model.save`, or the searches as tracked tf.functions, made the save trace them
     again and store copies (seven loops for two strategies, twice the graph, twice the load
     time); a search for the best beam alone was one more loop."""
-    assert load_benchmark("export").while_loop_count(export_dir) == 4
+    assert load_benchmark("export").while_loop_count(export_dir) == 5
 
 
 def test_exported_signatures_skip_sources_without_words_and_normalize_them(export_dir):
