@@ -212,18 +212,25 @@ def test_restore_loads_weights_optimizer_state_and_dropout_seeds(run_with_two_ep
         np.testing.assert_array_equal(got.numpy(), want)
 
 
-def test_restore_reports_a_damaged_checkpoint_and_falls_back(run_with_two_epochs, caplog):
-    run, models = run_with_two_epochs
-    truncate(run.checkpoint_file(2))
+def restored_past_epoch_2(run, models, caplog, damage: str):
+    """`run.restore` of a fresh model, asserting that it passed over the damaged checkpoint 2
+    (the log names it and `damage`) to epoch 1's weights; returns the model."""
     model = compiled_model(run.config, seed=9)
     with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
         assert run.restore(model) == 1
-    assert f"{run.checkpoint_file(2)} is damaged (" in caplog.text
+    assert f"{run.checkpoint_file(2)} is damaged ({damage}" in caplog.text
+    for got, want in zip(model.get_weights(), models[0][0]):
+        np.testing.assert_array_equal(got, want)
+    return model
+
+
+def test_restore_reports_a_damaged_checkpoint_and_falls_back(run_with_two_epochs, caplog):
+    run, models = run_with_two_epochs
+    truncate(run.checkpoint_file(2))
+    model = restored_past_epoch_2(run, models, caplog, "")
     assert (f"resuming from {run.checkpoint_file(1)}, the newest checkpoint that loads "
             "(damaged: epoch_002.weights.h5)") in caplog.text
     assert int(model.optimizer.iterations.numpy()) == 3
-    for got, want in zip(model.get_weights(), models[0][0]):
-        np.testing.assert_array_equal(got, want)
     truncate(run.checkpoint_file(1))
     with pytest.raises(ConfigError, match="no checkpoint in .* loads; add --overwrite"):
         run.restore(model)
@@ -376,12 +383,7 @@ def test_restore_passes_over_a_checkpoint_with_flipped_bytes(run_with_two_epochs
 
     run, models = run_with_two_epochs
     flip_weight_bytes(run.checkpoint_file(2))
-    model = compiled_model(run.config, seed=9)
-    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
-        assert run.restore(model) == 1
-    assert f"{run.checkpoint_file(2)} is damaged (its contents differ" in caplog.text
-    for got, want in zip(model.get_weights(), models[0][0]):
-        np.testing.assert_array_equal(got, want)
+    restored_past_epoch_2(run, models, caplog, "its contents differ")
 
 
 def test_average_refuses_a_damaged_checkpoint_and_averages_the_others(run_with_two_epochs):
