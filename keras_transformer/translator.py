@@ -342,8 +342,12 @@ class Translator(tf.Module):
             length_caps = tf.minimum(lengths + self.decode_config.max_extra_length,
                                      self.model.config.max_positions)
         length_caps = tf.convert_to_tensor(length_caps, tf.int32)
-        if prefix is not None:
-            options["prefix_ids"] = tf.convert_to_tensor(prefix, tf.int32)
+        # Always a prefix, empty where none is given: a search with and without one is one
+        # trace (and one decoding loop in an export).
+        if prefix is None:  # of unknown width in a graph, as a given prefix is
+            prefix = tf.compat.v1.placeholder_with_default(
+                tf.zeros([tf.shape(source_ids)[0], 0], tf.int32), shape=[None, None])
+        options["prefix_ids"] = tf.convert_to_tensor(prefix, tf.int32)
         max_decode_length = tf.reduce_max(tf.concat([length_caps, [1]], 0))
         if search == "beam":  # a tensor, so that every alpha runs one trace
             options["alpha"] = tf.convert_to_tensor(
@@ -412,16 +416,23 @@ class Translator(tf.Module):
             logits, cache = model.decode_step(weights, ids, step, cache, memory, beams)
             if prefix_ids is None:
                 return logits, cache
-            prefix = tf.repeat(memory["prefix"], beams, axis=0)  # [rows, prefix length]
+            # [rows, prefix length + 1]: a PAD column, so that every step reads a column
+            prefix = tf.repeat(memory["prefix"], beams, axis=0)
             token = tf.gather(prefix, tf.minimum(step, tf.shape(prefix)[1] - 1), axis=1)
-            forced = (step < tf.shape(prefix)[1]) & tf.not_equal(token, PAD_ID)  # [rows]
-            forcing = tf.where(tf.one_hot(token, tf.shape(logits)[1]) > 0, 0.0,
-                               decoding.NEG_INF)
-            return tf.where(forced[:, None], forcing, logits), cache
+            forced = tf.not_equal(token, PAD_ID)  # [rows]
+
+            def force():
+                forcing = tf.where(tf.one_hot(token, tf.shape(logits)[1]) > 0, 0.0,
+                                   decoding.NEG_INF)
+                return tf.where(forced[:, None], forcing, logits)
+
+            # Most steps force nothing (every step of a search without a prefix).
+            return tf.cond(tf.reduce_any(forced), force, lambda: logits), cache
 
         context = model.start_decoding(weights, source_ids)
         if prefix_ids is not None:  # gathered with the context as sentences finish
-            context = {**context, "prefix": prefix_ids}
+            padded = tf.pad(prefix_ids, [[0, 0], [0, 1]], constant_values=PAD_ID)
+            context = {**context, "prefix": padded}
         return decoding.decode(
             strategy, step_function, cache, batch_size=batch_size,
             max_decode_length=max_decode_length, length_caps=length_caps,

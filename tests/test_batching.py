@@ -63,9 +63,9 @@ def test_the_export_batches_every_signature_and_says_so(exports):
     (plain_dir, _), (batching_dir, _) = exports
     assert "BatchFunction" in graph_ops(batching_dir)
     assert "BatchFunction" not in graph_ops(plain_dir)
-    # Each search stored once (greedy; beam, for its best and its n-best; beam with a prefix;
-    # sampling; score's forced decoding), not again unbatched.
-    assert load_benchmark("export").while_loop_count(batching_dir) == 5
+    # Each search stored once (greedy; beam, for its best, its n-best and a prefix; sampling;
+    # score's forced decoding), not again unbatched.
+    assert load_benchmark("export").while_loop_count(batching_dir) == 4
     assert read_provenance(batching_dir)["request_batching"] == dataclasses.asdict(BATCHING)
     assert read_provenance(plain_dir)["request_batching"] is None
 

@@ -168,12 +168,11 @@ def test_signatures_and_assets(export_dir):
 
 def test_each_search_is_stored_once(export_dir):
     """One decoding loop per strategy in the graph: greedy search, beam search (which the
-    best-beam and n-best signatures share), beam search with a forced prefix, sampling, and the
-    score's forced decoding. Signatures traced before
+    best-beam, n-best and prefix signatures share), sampling, and the score's forced decoding. Signatures traced before
     `tf.saved_model.save`, or the searches as tracked tf.functions, made the save trace them
     again and store copies (seven loops for two strategies, twice the graph, twice the load
     time); a search for the best beam alone was one more loop."""
-    assert load_benchmark("export").while_loop_count(export_dir) == 5
+    assert load_benchmark("export").while_loop_count(export_dir) == 4
 
 
 def test_exported_signatures_skip_sources_without_words_and_normalize_them(export_dir):
