@@ -213,8 +213,9 @@ class Translator(tf.Module):
         registered strategy (for one with n-best results, the best) or "nbest" (the beam's
         n-best, see the signatures), in input order. `options` go to the strategy's
         `from_config` (`alpha` for beam search, `seed` int64 `[batch]` and `top_k`,
-        `temperature`, `top_p` for sampling); the strategy's `signature_inputs` have a row
-        per source.
+        `temperature`, `top_p` for sampling), and `prefix`, a string per source that each
+        translation must start with (any search; see `_decode`); the strategy's
+        `signature_inputs` and `prefix` have a row per source.
 
         Sources are normalized (`normalize_text`); the ones left without words get "" with
         score 0 (nbest: then empty slots) and are not decoded. The decoded sentences see
@@ -320,7 +321,8 @@ class Translator(tf.Module):
                 source length + `max_extra_length`, at most the model's `max_positions`).
             options: the strategy's `from_config` arguments, Python numbers or tensors: `alpha`
                 (beam; default the config's), `seed` int64 `[batch]` (sampling, required),
-                `top_k`, `temperature`, `top_p` (sampling; default the config's).
+                `top_k`, `temperature`, `top_p` (sampling; default the config's), and `prefix`:
+                int32 `[batch, length]` ids to force first (`prefix_ids`; default none).
 
         Returns:
             `(ids, scores)`. Greedy search and sampling: ids int32 `[batch, max_len]` (END
