@@ -19,7 +19,6 @@ shared and new pieces), which its exports carry in their provenance.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import shutil
@@ -31,6 +30,7 @@ import tensorflow as tf
 from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig
 from keras_transformer.model import Transformer
 from keras_transformer.runs import CONFIG_FILE, Run, vocab_dir
+from keras_transformer.text_io import file_sha256
 from keras_transformer.tokenizers import META_FILE, Tokenizer, load_tokenizers
 
 logger = logging.getLogger(__name__)
@@ -122,8 +122,8 @@ def initialize_from(model: Transformer, init_from: str | Path,
             value[new_rows] = np.moveaxis(old.numpy(), axis, 0)[old_rows]
             value = np.moveaxis(value, 0, axis)
         variable.assign(value)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return {"init_from": str(init_from), "weights_file": str(path), "weights_sha256": digest,
+    return {"init_from": str(init_from), "weights_file": str(path),
+            "weights_sha256": file_sha256(path),
             "vocabulary": {side: {"shared": int(len(maps[side][0])),
                                   "new": int(size - len(maps[side][0]))}
                            for side, size in (("source", model.config.source_vocab_size),
