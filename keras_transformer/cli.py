@@ -37,7 +37,7 @@ import warnings
 
 from keras_transformer import __version__
 from keras_transformer.config import EXPORT_FORMATS, STOPPING_CHOICES, ConfigError
-from keras_transformer.text_io import DataError, first_line
+from keras_transformer.text_io import DataError, first_line, one_line
 
 # Errors that are the user's to fix: printed as one line, exit code 2. OSError holds
 # FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError and a SavedModel whose
@@ -374,8 +374,6 @@ def _read_user_lines(path, command: str) -> list[str]:
 def _write_lines(lines) -> None:
     """Writes each item as exactly one line (`text_io.one_line`) to stdout, in UTF-8 whatever
     the locale's encoding."""
-    from keras_transformer.text_io import one_line
-
     data = "".join(one_line(line) + "\n" for line in lines)
     sys.stdout.flush()
     if hasattr(sys.stdout, "buffer"):
@@ -396,15 +394,34 @@ def _read_aligned(source_path, reference_path, command: str) -> tuple[list[str],
 def _translate(args) -> int:
     if args.shard is not None and args.output is None:
         raise ConfigError("--shard is for --source FILE --output FILE")
-    if args.prefix is not None and (args.output is not None or args.nbest is not None):
-        raise ConfigError("--prefix writes to standard output: not with --output or --nbest")
+    for flag in ("prefix", "alignments"):
+        if getattr(args, flag) and (args.output is not None or args.nbest is not None):
+            raise ConfigError(f"--{flag} writes to standard output: not with --output or "
+                              "--nbest")
     if args.nbest is not None:
         return _translate_nbest(args)
     if args.output is not None:
         return _translate_file(args)
     lines = _read_user_lines(args.source, args.command)
-    _write_lines(_translate_lines(args, lines))
+    translations = _translate_lines(args, lines)
+    if args.alignments:
+        alignments = _align_lines(args, lines, translations)
+        translations = [f"{one_line(text)} ||| {alignment}"
+                        for text, alignment in zip(translations, alignments)]
+    _write_lines(translations)
     return 0
+
+
+def _align_lines(args, sources, targets) -> list[str]:
+    """The `align` signature of the translating module over (source, translation) pairs."""
+    from keras_transformer.translator import align_texts
+
+    module = _translator_module(args, **_sampling_settings(args))
+    if not hasattr(module, "align"):
+        raise ConfigError(f"--alignments: {args.model} was exported before alignments "
+                          "existed; export it again, or use --run")
+    return align_texts(lambda source, target: module.align(source, target), sources, targets,
+                       batch_size=args.batch_size)
 
 
 def _translate_nbest(args) -> int:
@@ -418,7 +435,6 @@ def _translate_nbest(args) -> int:
     import numpy as np
 
     from keras_transformer.decoding import NEG_INF
-    from keras_transformer.text_io import one_line
 
     if args.greedy or args.sampling:
         raise ConfigError("--nbest is beam search's n-best list: not with --greedy or --sampling")
@@ -453,7 +469,15 @@ def _translate_nbest(args) -> int:
 
 def _translator_module(args, **decode_settings):
     """The Translator of --run (with --beam and `decode_settings`, e.g. sampling_topk) or the
-    loaded export of --model (CTranslate2: `--workers` threads)."""
+    loaded export of --model (CTranslate2: `--workers` threads); loaded once per command."""
+    loaded = vars(args).setdefault("_modules", {})
+    key = tuple(sorted(decode_settings.items()))
+    if key not in loaded:
+        loaded[key] = _load_translator_module(args, **decode_settings)
+    return loaded[key]
+
+
+def _load_translator_module(args, **decode_settings):
     if args.run_dir:
         from keras_transformer.translator import translator_from_run
 
@@ -791,6 +815,10 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--nbest-format", choices=("moses", "jsonl"), default="moses",
                            help="with --nbest: 'LINE ||| hypothesis ||| score' lines (Moses, "
                                 "default) or one JSON object per source line")
+    translate.add_argument("--alignments", action="store_true",
+                           help="write 'translation ||| alignment' lines: each target word with "
+                                "the source word it attends to most, Pharaoh 'i-j' pairs from 0 "
+                                "(decode.alignment_layer's cross-attention; approximate)")
     translate.set_defaults(run=_translate)
 
     evaluate = commands.add_parser("evaluate", help="sacreBLEU and chrF of a model on files")

@@ -363,9 +363,15 @@ class DecodeConfig:
     sampling_topk: int = 0
     sampling_topp: float = 1.0
     sampling_temperature: float = 1.0
+    # Word alignments (`align`, `translate --alignments`): the cross-attention of this decoder
+    # layer (negative: from the last), averaged over the heads.
+    alignment_layer: int = -1
 
     def __post_init__(self):
         _check_positive("decode.beam_size", self.beam_size)
+        if not isinstance(self.alignment_layer, int) or isinstance(self.alignment_layer, bool):
+            raise ConfigError(f"decode.alignment_layer={self.alignment_layer!r} must be an "
+                              "integer (a decoder layer; negative: counted from the last)")
         if not (isinstance(self.sampling_topk, int) and self.sampling_topk >= 0):
             raise ConfigError(f"decode.sampling_topk={self.sampling_topk!r} must be an integer "
                               ">= 0 (0: every token)")

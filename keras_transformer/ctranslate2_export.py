@@ -95,7 +95,8 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
     shutil.rmtree(partial, ignore_errors=True)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     try:
-        converter = KerasTransformerConverter(model, _vocabulary(sentencepiece_path))
+        converter = KerasTransformerConverter(model, _vocabulary(sentencepiece_path),
+                                              alignment_layer=decode_config.alignment_layer)
         converter.convert(str(partial), quantization=quantization, force=True)
         shutil.copyfile(sentencepiece_path, partial / SENTENCEPIECE_FILE)
         # What the runtime checks before loading: CTranslate2 loads damaged weights silently.
@@ -125,6 +126,7 @@ def export_settings(model: Transformer, decode_config: DecodeConfig, quantizatio
         "sampling_topk": decode_config.sampling_topk,
         "sampling_topp": decode_config.sampling_topp,
         "sampling_temperature": decode_config.sampling_temperature,
+        "alignment_layer": decode_config.alignment_layer,
         "max_positions": positions,
         "max_source_length": min(max_source_length or positions, positions),
         "source_start": "<s>",  # START and END around every source, as Tokenizer.tokenize does
@@ -167,7 +169,8 @@ class KerasTransformerConverter(ctranslate2.converters.Converter):
     `convert(output_dir, quantization=...)` (CTranslate2's) validates, quantizes and writes it.
     """
 
-    def __init__(self, model: Transformer, vocabulary: Sequence[str]):
+    def __init__(self, model: Transformer, vocabulary: Sequence[str], *,
+                 alignment_layer: int = -1):
         config = model.config
         for side in ("source", "target"):
             size = getattr(config, f"{side}_vocab_size")
@@ -176,25 +179,30 @@ class KerasTransformerConverter(ctranslate2.converters.Converter):
                                   f"has {len(vocabulary)} pieces")
         self.model = model
         self.vocabulary = list(vocabulary)
+        self.alignment_layer = alignment_layer
 
     def _load(self) -> transformer_spec.TransformerSpec:
-        spec = ctranslate2_spec(self.model)
+        spec = ctranslate2_spec(self.model, alignment_layer=self.alignment_layer)
         spec.register_source_vocabulary(self.vocabulary)
         spec.register_target_vocabulary(self.vocabulary)
         return spec
 
 
-def ctranslate2_spec(model: Transformer) -> transformer_spec.TransformerSpec:
+def ctranslate2_spec(model: Transformer, *,
+                     alignment_layer: int = -1) -> transformer_spec.TransformerSpec:
     """The filled CTranslate2 spec of `model` (weights as float32 numpy arrays), read from what
     each layer says its weights are (`BaseAttention.projections`, the Dense and LayerNorm
-    sublayers, `PositionalEmbedding.positions`)."""
+    sublayers, `PositionalEmbedding.positions`); CTranslate2's `return_attention` gives decoder
+    layer `alignment_layer`'s cross-attention averaged over all heads, as `Translator.align`
+    reads it."""
     config = model.config
     pre_norm = config.norm == "pre"
     options = dict(pre_norm=pre_norm, activation=CTRANSLATE2_ACTIVATIONS[config.activation])
     encoder = transformer_spec.TransformerEncoderSpec(config.num_layers, config.num_heads,
                                                       **options)
-    decoder = transformer_spec.TransformerDecoderSpec(config.decoder_layers, config.num_heads,
-                                                      **options)
+    decoder = transformer_spec.TransformerDecoderSpec(
+        config.decoder_layers, config.num_heads, alignment_layer=alignment_layer,
+        alignment_heads=config.num_heads, **options)
     spec = transformer_spec.TransformerSpec(encoder, decoder)
     spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
     spec.config.add_source_bos = True

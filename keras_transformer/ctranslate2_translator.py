@@ -36,6 +36,7 @@ from keras_transformer.search_rules import (NEG_INF, cannot_improve, finished_to
                                             length_penalty)
 from keras_transformer.text_io import file_sha256, first_line
 from keras_transformer.text_normalization import normalize
+from keras_transformer.word_alignment import hard_alignment, word_attention, word_indices
 
 # What an export holds besides CTranslate2's own files (model.bin, config.json,
 # shared_vocabulary.json), written by `ctranslate2_export`: the SentencePiece model and the
@@ -220,6 +221,49 @@ class CTranslate2Translator:
                 "normalized_score": (scores / length_penalty(tokens, self.alpha)).astype(
                     np.float32).reshape(len(sources)),
                 "tokens": tokens.reshape(len(sources))}
+
+    def align(self, sources, targets) -> dict:
+        """Word alignments of given translations, as `Translator.align` defines them
+        (`word_alignment`), from CTranslate2's `return_attention` (the export's
+        `alignment_layer`, averaged over the heads) with each target forced as the prefix:
+        `{"alignment": bytes [batch]}`, Pharaoh pairs."""
+        matrices = self._word_attention(sources, targets)
+        alignments = np.empty(len(matrices), dtype=object)
+        alignments[:] = [hard_alignment(matrix).encode("utf-8") for matrix in matrices]
+        return {"alignment": alignments}
+
+    def word_attention(self, sources, targets) -> np.ndarray:
+        """What `align` chooses from, as `Translator.word_attention`: float32 `[batch, target
+        words, source words]` (0 past a row's words)."""
+        matrices = self._word_attention(sources, targets)
+        height = max((m.shape[0] for m in matrices), default=0)
+        width = max((m.shape[1] for m in matrices), default=0)
+        # as the graph's: at least one column, but none for no rows
+        padded = np.zeros((len(matrices), height, max(width, min(len(matrices), 1))), np.float32)
+        for row, matrix in enumerate(matrices):
+            padded[row, :matrix.shape[0], :matrix.shape[1]] = matrix
+        return padded
+
+    def _word_attention(self, sources, targets) -> list[np.ndarray]:
+        """Per pair, `word_alignment.word_attention` of CTranslate2's attention."""
+        sources, targets = _strings(sources), _strings(targets)
+        if len(sources) != len(targets):
+            raise ConfigError(f"{len(sources)} sources for {len(targets)} targets")
+        source_pieces = [self._source_pieces(normalize(text)) or [] for text in sources]
+        target_pieces = [self.processor.encode(normalize(text).decode("utf-8"), out_type=str)[
+            :self.max_positions - 1] for text in targets]
+        results = self.translator.translate_batch(
+            source_pieces, target_prefix=[pieces or None for pieces in target_pieces],
+            beam_size=1, max_decoding_length=max(map(len, target_pieces), default=0) + 1,
+            return_attention=True, **self.options) if sources else []
+        matrices = []
+        for source, target, result in zip(source_pieces, target_pieces, results):
+            # rows: the target's pieces, then END; columns: the source's pieces (CTranslate2
+            # leaves out the START and END it adds)
+            attention = np.asarray(result.attention[0], np.float64)[:len(target) + 1]
+            matrices.append(word_attention(attention, word_indices(source),
+                                           word_indices([*target, None])))
+        return matrices
 
     def translate_nbest(self, batch) -> dict:
         """The `beam_size` best hypotheses, best first: `{"translations": bytes [batch, beam],

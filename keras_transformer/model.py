@@ -230,12 +230,12 @@ class Transformer(keras.Model):
         compat.loss_tracker(self).update_state(
             loss * sum_over_replicas(tokens) / ops.maximum(tokens, 1.0), sample_weight=tokens)
 
-    def cross_attention_scores(self, source_ids, target_in_ids):
-        """The last decoder layer's attention weights over the source,
+    def cross_attention_scores(self, source_ids, target_in_ids, layer=-1):
+        """The attention weights over the source of decoder layer `layer` (default the last),
         `[batch, heads, target_len, source_len]` (for visualization)."""
         context, source_mask = self.encode(source_ids)
         x = self.target_embedding(target_in_ids)
-        return self.decoder.cross_attention_scores(x, context, source_mask)
+        return self.decoder.cross_attention_scores(x, context, source_mask, layer)
 
     def _logits(self, x):
         logits = self.final_layer(x) if self.final_layer is not None else (
@@ -330,6 +330,16 @@ class Transformer(keras.Model):
         else:
             x = tf.matmul(x, logits["embeddings_t"])
         return (x if x.dtype == tf.float32 else tf.cast(x, tf.float32)), cache
+
+    def attention_step(self, weights, ids, step, cache, memory, layer):
+        """`decode_step` up to decoder layer `layer`'s cross-attention (an index >= 0), one row
+        per sentence: `(attention weights float32 [batch, source_len] of position `step`,
+        averaged over the heads, cache)`; the cache holds layers 0 to `layer` (`init_cache()`'s
+        first `layer + 1` entries at step 0)."""
+        dtype = tf.as_dtype(self.compute_dtype)
+        x = self.target_embedding.embed(weights["target_embedding"], ids, step, dtype)
+        return self.decoder.attention_step(weights["decoder"], x, cache, memory["layers"],
+                                           memory["bias"], layer)
 
     def get_config(self):
         return {**super().get_config(), "config": dataclasses.asdict(self.config)}

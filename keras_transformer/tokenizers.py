@@ -53,6 +53,7 @@ from keras_transformer.config import (  # noqa: F401 (the reserved ids, re-expor
 )
 from keras_transformer.text_io import errno_of, write_error
 from keras_transformer.text_normalization import INVISIBLE_PATTERN, WHITESPACE_PATTERN
+from keras_transformer.word_alignment import WORD_BOUNDARY
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +146,19 @@ class Tokenizer(tf.Module):
         their markers."""
         raise NotImplementedError
 
+    def word_indices(self, ids):
+        """int32 ids `[batch, len]` (as `tokenize` or a search makes them, padded) -> int32
+        `[batch, len]`: the index of the word each subword belongs to, counted from 0 in its
+        row, and -1 at PAD, START and END. Words are what detokenization separates (see
+        `word_starts`); word alignments are over them."""
+        real = (ids != PAD_ID) & (ids != START_ID) & (ids != END_ID)
+        starts = tf.cast(self.word_starts(ids) & real, tf.int32)
+        return tf.where(real, tf.maximum(tf.cumsum(starts, axis=1) - 1, 0), -1)
+
+    def word_starts(self, ids):
+        """bool `[...]`: whether the subword of each id starts a word."""
+        raise NotImplementedError
+
     def _tokenize_words(self, strings):
         raise NotImplementedError
 
@@ -194,6 +208,9 @@ class SentencePieceTokenizer(Tokenizer):
     def lookup(self, ids):
         return self.tokenizer.id_to_string(ids)  # pieces as the model has them, e.g. "▁Mann"
 
+    def word_starts(self, ids):
+        return tf.strings.substr(self.lookup(ids), 0, 1, unit="UTF8_CHAR") == WORD_BOUNDARY
+
 
 # Natural spacing for WordPiece output, whose words come back joined by single spaces:
 # no space before closing punctuation, none after opening brackets, none around ' ’ - /.
@@ -234,6 +251,9 @@ class WordPieceTokenizer(Tokenizer):
 
     def lookup(self, ids):
         return tf.gather(self.pieces, ids)  # pieces as the model has them, e.g. "##s"
+
+    def word_starts(self, ids):
+        return ~tf.strings.regex_full_match(self.lookup(ids), "##.*")
 
     def normalize(self, strings):
         """string [batch] -> string [batch]: what a round trip gives back when every character is
@@ -416,7 +436,7 @@ def build_tokenizers(data_config: DataConfig, train_pairs: tf.data.Dataset,
                                 max_sentences=data_config.vocab_sample_sentences,
                                 # with the word-start mark that SentencePiece puts before a
                                 # word: "<BT> Ein" is "▁<BT>", "▁Ein", not "▁", "<BT>", ...
-                                symbols=["\u2581" + tag for tag in corpus_tags(data_config)])
+                                symbols=[WORD_BOUNDARY + tag for tag in corpus_tags(data_config)])
         else:
             for index, lang in enumerate(_wordpiece_langs(data_config)):
                 side = train_pairs.map(lambda *pair, i=index: pair[i])

@@ -26,12 +26,18 @@ Exported signatures (input `source`: string `[batch]`, any batch size including 
     score               the log-probability of given translations, inputs source and target string
                         [batch] -> score float32 [batch], normalized_score float32 [batch],
                         tokens int32 [batch]
+    align               word alignments of given translations, inputs source and target string
+                        [batch] -> alignment string [batch] (Pharaoh "i-j" pairs, one per target
+                        word)
 
 There is one `translate_<name>` per strategy registered in `decoding.STRATEGIES`, with the
 inputs `signature_inputs` gives. `score` gives log P(target | source) of each pair, the target
 tokenized as translations are (END included, `tokens` counting it) and truncated to the model's
 positions, and log P / lp as beam search ranks it (the config's alpha): a search's score of its
-own output is the score of that output's ids (`Translator.score_ids`). Scores: greedy search
+own output is the score of that output's ids (`Translator.score_ids`). `align` reads decoder
+layer `decode.alignment_layer`'s cross-attention, averaged over the heads, while the model
+reads each target; each target word is aligned with the source word it attends to most
+(`word_alignment`: approximate, as attention is). Scores: greedy search
 and sampling give log P(translation | source); beam search gives
 log P / lp with the GNMT length penalty lp = ((5 + length) / 6) ** alpha (see `decoding`).
 
@@ -61,7 +67,7 @@ from keras_transformer.evaluation import score
 from keras_transformer.model import Transformer
 from keras_transformer.runs import Run
 from keras_transformer.search_rules import STOPPING_RULES
-from keras_transformer.tokenizers import END_ID, PAD_ID, Tokenizer, normalize_text
+from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID, Tokenizer, normalize_text
 
 STRINGS_SPEC = tokenizers.STRINGS_SPEC
 ALPHA_SPEC = tf.TensorSpec([], tf.float32, name="alpha")
@@ -69,7 +75,7 @@ SIGNATURE_INPUT = "source"  # the input key of every exported signature
 # `Translator.translate(search=...)`: every registered strategy, and the beam's n-best.
 SEARCHES = (*decoding.STRATEGIES, "nbest")
 SIGNATURES = ("serving_default", *(f"translate_{name}" for name in SEARCHES),
-              "translate_prefix", "score")
+              "translate_prefix", "score", "align")
 TranslateFn = Callable[[tf.Tensor], dict]  # string [batch] -> {"translation": string [batch], ...}
 
 
@@ -77,7 +83,7 @@ def signature_inputs(signature: str) -> dict:
     """The inputs of an exported signature: `{name: tf.TensorSpec}`, `source` first; every
     input has one row per sentence."""
     source = {SIGNATURE_INPUT: tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)}
-    if signature == "score":
+    if signature in ("score", "align"):
         return {**source, "target": tf.TensorSpec([None], tf.string, name="target")}
     if signature == "translate_prefix":
         return {**source, "prefix": tf.TensorSpec([None], tf.string, name="prefix")}
@@ -136,6 +142,11 @@ class Translator(tf.Module):
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
         self.decode_config = decode_config
+        layers = model.config.decoder_layers
+        if not -layers <= decode_config.alignment_layer < layers:
+            raise ConfigError(f"decode.alignment_layer={decode_config.alignment_layer}: the "
+                              f"decoder has {layers} layers (0 to {layers - 1}, or -1 to "
+                              f"-{layers} from the last)")
         positions = model.config.max_positions
         self.max_source_length = min(max_source_length or positions, positions)
         # The session-based loader (saved_model_cli, TF Serving) finds variables only if the
@@ -159,6 +170,7 @@ class Translator(tf.Module):
             lambda source, alpha: self.translate(source, "beam", alpha=alpha),
             input_signature=[STRINGS_SPEC, ALPHA_SPEC], autograph=False)
         traced["score"] = tf.function(self._score_ids, autograph=False)
+        traced["attention"] = tf.function(self._attention_ids, autograph=False)
         object.__setattr__(self, "_traced", traced)
         # One signature function per search (`translate_greedy`, `translate_beam`, ...):
         # attributes of the module, so that a SavedModel keeps them as functions too.
@@ -166,6 +178,8 @@ class Translator(tf.Module):
             setattr(self, f"translate_{search}", self._signature_function(search))
         inputs = signature_inputs("score")
         self.score = tf.function(self._score, input_signature=list(inputs.values()),
+                                 autograph=False)
+        self.align = tf.function(self._align, input_signature=list(inputs.values()),
                                  autograph=False)
         inputs = signature_inputs("translate_prefix")
         self.translate_prefix = tf.function(
@@ -303,6 +317,60 @@ class Translator(tf.Module):
                                  tf.maximum(tf.shape(target_ids)[1], 1))
         return scores, tokens
 
+    def _align(self, source, target):
+        """The body of the `align` signature: `{"alignment": string [batch]}`, Pharaoh pairs
+        (see `word_alignments`)."""
+        return {"alignment": self._word_alignments(source, target)["alignment"]}
+
+    def word_attention(self, source, target):
+        """What `align` chooses from: float32 `[batch, target words, source words]`, each
+        target word's attention over the source words (see `word_alignments`; 0 past a row's
+        words), to draw. Not a signature: its width changes with the batch."""
+        return self._word_alignments(tf.convert_to_tensor(source, tf.string),
+                                     tf.convert_to_tensor(target, tf.string))["attention"]
+
+    def _word_alignments(self, source, target):
+        """`word_alignments` of string `source` and `target` `[batch]`."""
+        def align_rows():
+            source_ids, target_ids = self.source_ids(source), self.target_ids(target)
+            return word_alignments(self.attention_ids(source_ids, target_ids),
+                                   self.source_tokenizer.word_indices(source_ids),
+                                   self.target_tokenizer.word_indices(target_ids))
+
+        def no_rows():
+            return {"alignment": tf.zeros([0], tf.string), "attention": tf.zeros([0, 0, 0])}
+
+        return tf.cond(tf.size(source) > 0, align_rows, no_rows)
+
+    def attention_ids(self, source_ids, target_ids):
+        """The cross-attention of decoder layer `decode.alignment_layer`, averaged over the
+        heads, as the model reads the targets: float32 `[batch, target_len, source_len]` (row t
+        is the attention that predicts target token t). Ids as `score_ids` takes them."""
+        return self._traced["attention"](tf.convert_to_tensor(source_ids, tf.int32),
+                                         tf.convert_to_tensor(target_ids, tf.int32))
+
+    def _attention_ids(self, source_ids, target_ids):
+        """`attention_ids`' traced body: the decoding steps up to the alignment layer, fed the
+        targets (START, then every target token but the last), one position per step."""
+        model, weights = self.model, self._weights()
+        layer = self.decode_config.alignment_layer % model.config.decoder_layers
+        batch_size, length = tf.shape(target_ids)[0], tf.shape(target_ids)[1]
+        inputs = tf.concat([tf.fill([batch_size, 1], START_ID), target_ids[:, :-1]], axis=1)
+        memory = model.start_decoding(weights, source_ids)
+        cache = model.init_cache(batch_size)[:layer + 1]
+
+        def body(step, cache, rows):
+            attention, cache = model.attention_step(weights, inputs[:, step], step, cache,
+                                                    memory, layer)
+            return step + 1, cache, rows.write(step, attention)
+
+        _, _, rows = tf.while_loop(
+            lambda step, *_: step < length, body,
+            (tf.constant(0), cache, tf.TensorArray(tf.float32, size=length)),
+            shape_invariants=(tf.TensorShape([]), model.cache_shape_invariants(cache),
+                              tf.TensorShape(None)))
+        return tf.transpose(rows.stack(), [1, 0, 2])
+
     def source_ids(self, source):
         """What the search reads of `source` string `[batch]`: normalized (`normalize_text`),
         tokenized and truncated (see the class), int32 `[batch, source_len]` START ... END,
@@ -374,6 +442,15 @@ class Translator(tf.Module):
             rule += f"; patience {self.decode_config.patience:g}"
         return rule
 
+    def _weights(self):
+        """The decoding weights (`Transformer.inference_weights`), from the frozen variables
+        or the live model; inside the traced function that decodes."""
+        if self.frozen_weights:
+            return tf.nest.pack_sequence_as(
+                self._weight_structure,
+                [tf.convert_to_tensor(v) for v in self.inference_variables])
+        return self.model.inference_weights()
+
     def _tokenize(self, source):
         """Normalized source strings -> truncated ids int32 [batch, len]."""
         # ragged [batch, (len)], START ... END
@@ -404,13 +481,7 @@ class Translator(tf.Module):
         `prefix_ids` int32 `[batch, length]` (PAD after each row's tokens), each sentence's
         first tokens are forced to its prefix: at those steps every other token's logit is
         `decoding.NEG_INF`, so any strategy takes the prefix token, at no cost to its score."""
-        model = self.model
-        if self.frozen_weights:
-            weights = tf.nest.pack_sequence_as(
-                self._weight_structure,
-                [tf.convert_to_tensor(v) for v in self.inference_variables])
-        else:
-            weights = model.inference_weights()
+        model, weights = self.model, self._weights()
         batch_size = tf.shape(source_ids)[0]
         cache = model.init_cache(batch_size)
 
@@ -439,6 +510,28 @@ class Translator(tf.Module):
             strategy, step_function, cache, batch_size=batch_size,
             max_decode_length=max_decode_length, length_caps=length_caps,
             state_shape_invariants=model.cache_shape_invariants(cache), context=context)
+
+
+def word_alignments(attention, source_words, target_words) -> dict:
+    """`word_alignment`'s rule in the graph: subword attention float32 `[batch, target_len,
+    source_len]` and the words of the subwords (`Tokenizer.word_indices`, `[batch,
+    source_len]` and `[batch, target_len]`) -> `{"alignment": string [batch] (Pharaoh pairs
+    "i-j", one per target word; "" without source words), "attention": float32 [batch, target
+    words, source words] (0 past a row's words)}`."""
+    source_count = tf.reduce_max(source_words, axis=1) + 1  # [batch]
+    target_count = tf.reduce_max(target_words, axis=1) + 1
+    width = tf.maximum(tf.reduce_max(source_count), 1)
+    height = tf.maximum(tf.reduce_max(target_count), 0)
+    source_onehot = tf.one_hot(source_words, width)  # [batch, source_len, words]; -1: zeros
+    target_onehot = tf.one_hot(target_words, height)  # [batch, target_len, words]
+    summed = tf.matmul(target_onehot, tf.matmul(attention, source_onehot), transpose_a=True)
+    words = summed / tf.maximum(tf.reduce_sum(target_onehot, axis=1), 1.0)[:, :, None]
+    best = tf.argmax(words, axis=2, output_type=tf.int32)  # [batch, target words]
+    pairs = tf.strings.as_string(best) + "-" + tf.strings.as_string(tf.range(height))[None]
+    shown = (tf.range(height)[None] < target_count[:, None]) & (source_count[:, None] > 0)
+    return {"alignment": tf.strings.reduce_join(tf.ragged.boolean_mask(pairs, shown), axis=1,
+                                                separator=" "),
+            "attention": words}
 
 
 def _shared_variables(tensors: list) -> list:
@@ -532,6 +625,30 @@ def score_texts(score: Callable, sources: Sequence[str], targets: Sequence[str],
     """Scores line-aligned (source, target) texts in batches of similar length; returns
     (log P, log P / lp, tokens) per pair, in input order. `score` is a `score` signature
     (`Translator.score`, a loaded SavedModel's, or `CTranslate2Translator.score`)."""
+    def rows(outputs):
+        values = [np.asarray(outputs[key]) for key in ("score", "normalized_score", "tokens")]
+        return [(float(log_p), float(normalized), int(tokens))
+                for log_p, normalized, tokens in zip(*values)]
+
+    return _pairs_in_batches(score, rows, sources, targets, batch_size)
+
+
+def align_texts(align: Callable, sources: Sequence[str], targets: Sequence[str], *,
+                batch_size: int = 64) -> list[str]:
+    """The word alignments of line-aligned (source, target) texts, in batches of similar
+    length: per pair, Pharaoh pairs "i-j" (see `word_alignment`), in input order. `align` is
+    an `align` signature (`Translator.align`, a loaded SavedModel's, or
+    `CTranslate2Translator.align`)."""
+    return _pairs_in_batches(
+        align, lambda outputs: [bytes(text).decode("utf-8")
+                                for text in np.asarray(outputs["alignment"])],
+        sources, targets, batch_size)
+
+
+def _pairs_in_batches(function: Callable, rows: Callable, sources: Sequence[str],
+                      targets: Sequence[str], batch_size: int) -> list:
+    """`function(source batch, target batch)` over line-aligned texts in batches of similar
+    length; `rows(outputs)` makes one result per pair; the results in input order."""
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources for {len(targets)} targets")
     if batch_size < 1:
@@ -540,12 +657,11 @@ def score_texts(score: Callable, sources: Sequence[str], targets: Sequence[str],
                    key=lambda i: (len(sources[i].split()), len(targets[i].split())))
     results: list = [None] * len(sources)
     for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
-        outputs = score(tf.constant([sources[i] for i in rows], tf.string),
-                        tf.constant([targets[i] for i in rows], tf.string))
-        values = [np.asarray(outputs[key]) for key in ("score", "normalized_score", "tokens")]
-        for index, log_p, normalized, tokens in zip(rows, *values):
-            results[index] = (float(log_p), float(normalized), int(tokens))
+        batch = order[start:start + batch_size]
+        outputs = function(tf.constant([sources[i] for i in batch], tf.string),
+                           tf.constant([targets[i] for i in batch], tf.string))
+        for index, result in zip(batch, rows(outputs)):
+            results[index] = result
     return results
 
 

@@ -49,6 +49,9 @@ def call(loaded, name, sentences):
 
 
 def assert_same_answers(got: dict, want: dict, label: str):
+    if "alignment" in want:
+        assert got["alignment"].tolist() == want["alignment"].tolist(), label
+        return
     if "tokens" in want:  # score
         assert got["tokens"].tolist() == want["tokens"].tolist(), label
         np.testing.assert_allclose(got["score"], want["score"], rtol=1e-5, err_msg=label)
@@ -64,8 +67,8 @@ def test_the_export_batches_every_signature_and_says_so(exports):
     assert "BatchFunction" in graph_ops(batching_dir)
     assert "BatchFunction" not in graph_ops(plain_dir)
     # Each search stored once (greedy; beam, for its best, its n-best and a prefix; sampling;
-    # score's forced decoding), not again unbatched.
-    assert load_benchmark("export").while_loop_count(batching_dir) == 4
+    # score's forced decoding; align's attention), not again unbatched.
+    assert load_benchmark("export").while_loop_count(batching_dir) == 5
     assert read_provenance(batching_dir)["request_batching"] == dataclasses.asdict(BATCHING)
     assert read_provenance(plain_dir)["request_batching"] is None
 
@@ -76,7 +79,7 @@ def test_concurrent_single_sentence_calls_get_their_own_answers(exports, name):
     plain export's for that sentence (translations equal, scores to float32 rounding)."""
     (_, plain), (_, batching) = exports
     alone = {s: call(plain, name, [s]) for s in SENTENCES}
-    answer_key = next(key for key in ("translation", "translations", "score")
+    answer_key = next(key for key in ("translation", "translations", "score", "alignment")
                       if key in alone[SENTENCES[0]])
     texts = {tuple(np.asarray(a[answer_key]).reshape(-1)) for a in alone.values()}
     assert len(texts) > 3  # the model's answers differ by source, so a mix-up shows

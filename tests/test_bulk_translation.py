@@ -278,3 +278,88 @@ def test_translate_with_a_prefix_file(random_run, random_export, tmp_path, monke
                                                  "--prefix", str(tmp_path / "prefix")],
                            stdin[:20])
     assert code == 2 and "has 4 lines, the input 1" in error_line(err)
+
+
+@pytest.fixture(scope="module")
+def random_ct2_export(random_run, tmp_path_factory):
+    """The random run exported for CTranslate2 (beam 2, as its SavedModel `random_export`)."""
+    pytest.importorskip("ctranslate2")
+    folder = tmp_path_factory.mktemp("ct2") / "model"
+    assert cli.main(["export", "--run", str(random_run), "--format", "ctranslate2",
+                     "--output", str(folder)]) == 0
+    return folder
+
+
+@pytest.fixture(scope="module")
+def wordy_exports(sentencepiece_tokenizers, sentencepiece_vocab, tmp_path_factory):
+    """(run, SavedModel, CTranslate2 export) of a random pre-norm model with sharp outputs,
+    whose greedy translations have words (the random run's are empty)."""
+    import shutil
+
+    pytest.importorskip("ctranslate2")
+    from helpers import seeded_tiny_model
+    from keras_transformer.config import DecodeConfig, ExperimentConfig
+
+    model = seeded_tiny_model(sentencepiece_tokenizers[0], seed=5, norm="pre",
+                              output_scale=3.0, perturb_vectors=True)
+    data_config, vocab_dir = sentencepiece_vocab
+    root = tmp_path_factory.mktemp("wordy")
+    run = root / "run"
+    run.mkdir()
+    ExperimentConfig(model=model.config, data=data_config,
+                     decode=DecodeConfig(beam_size=2, max_extra_length=6)).to_yaml(
+        run / "config.yaml")
+    model.save_weights(run / "best.weights.h5")
+    shutil.copytree(vocab_dir, run / "vocab")
+    for fmt in ("savedmodel", "ctranslate2"):
+        assert cli.main(["export", "--run", str(run), "--format", fmt,
+                         "--output", str(root / fmt)]) == 0
+    return run, root / "savedmodel" / "1", root / "ctranslate2"
+
+
+def test_translate_with_alignments(wordy_exports, monkeypatch, capsys):
+    """`translate --alignments`: 'translation ||| alignment' lines, one pair per target word
+    with target words in order and source words in range, the same from a run, its SavedModel
+    and its CTranslate2 export (greedy search); a line without words gives ' ||| '."""
+    run, saved_model, ctranslate2 = wordy_exports
+    sources = LINES[:4] + LINES[6:9]
+    stdin = "".join(line + "\n" for line in sources).encode()
+    outputs = []
+    for argv in (["--run", str(run)], ["--model", str(saved_model)],
+                 ["--model", str(ctranslate2)]):
+        code, out, err = run_cli(monkeypatch, capsys, ["translate", *argv, "--greedy", "--quiet",
+                                                       "--alignments"], stdin)
+        assert code == 0, err
+        outputs.append(out)
+        rows = [line.split(" ||| ") for line in out.split("\n")[:-1]]
+        assert len(rows) == len(sources) and rows[1] == ["", ""]
+        for source, (translation, alignment) in zip(sources, rows):
+            pairs = [tuple(map(int, pair.split("-"))) for pair in alignment.split()]
+            assert [j for _, j in pairs] == list(range(len(translation.split())))
+            assert all(0 <= i < len(source.split()) for i, _ in pairs)
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert sum(len(line.split(" ||| ")[1].split()) for line in outputs[0].splitlines()) > 10
+    for extra in (["--nbest", "2"], ["--output", "out.txt", "--source", "in.txt"]):
+        code, _, err = run_cli(monkeypatch, capsys, ["translate", "--run", str(run),
+                                                     "--alignments", *extra], stdin)
+        assert code == 2 and "--alignments writes to standard output" in error_line(err)
+
+
+def test_nbest_lists_agree_between_the_savedmodel_and_ctranslate2(random_export,
+                                                                  random_ct2_export,
+                                                                  monkeypatch, capsys):
+    """`translate --nbest 2` from the SavedModel and from the CTranslate2 export of one run:
+    the same hypotheses in the same order, scores to float32 rounding (both stop a sentence
+    once patience x beam hypotheses have finished, the export's beam_full rule)."""
+    stdin = "".join(line + "\n" for line in LINES).encode()
+    rows = []
+    for model in (random_export, random_ct2_export):
+        code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(model),
+                                                       "--nbest", "2"], stdin)
+        assert code == 0, err
+        rows.append([line.split(" ||| ") for line in out.splitlines()])
+    saved_model, ctranslate2 = rows
+    assert len(saved_model) >= 2 * (len(LINES) - 2)
+    assert [row[:2] for row in ctranslate2] == [row[:2] for row in saved_model]
+    for ours, theirs in zip(saved_model, ctranslate2):
+        assert float(theirs[2]) == pytest.approx(float(ours[2]), abs=2e-3)

@@ -2,6 +2,7 @@
 beam, post-norm untied and pre-norm fully tied models), the settings file, refused tokenizers,
 int8, empty sources, and the layout facts the converter relies on."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -296,6 +297,7 @@ def test_settings_file_and_layout(random_translation_model, tmp_path):
         "beam_size": 4, "alpha": 0.6, "patience": 1.0, "max_extra_length": 8,
         "max_positions": MAX_LENGTH, "max_source_length": MAX_LENGTH,
         "sampling_topk": 0, "sampling_topp": 1.0, "sampling_temperature": 1.0,
+        "alignment_layer": -1,
         "source_start": "<s>", "source_end": "</s>", "sentencepiece_model": "sentencepiece.model",
         "quantization": "float32", "run": "runs/tiny", "weights": "best",
         "model_bin_sha256": file_sha256(folder / "model.bin")}
@@ -704,3 +706,27 @@ def test_a_forced_prefix_starts_the_output_and_agrees_with_target_prefix(pre_nor
     beam = tf_texts(translator.translate_prefix(tf.constant(SENTENCES), tf.constant(prefixes))[
         "translation"])
     assert all(text.startswith(prefix) for text, prefix in zip(beam, prefixes))
+
+
+@pytest.mark.parametrize("layer", [-1, 0])
+def test_alignments_agree_with_the_savedmodel(models, layer, tmp_path):
+    """`CTranslate2Translator.align` (CTranslate2's return_attention, the target forced as
+    prefix) gives `Translator.align`'s word alignments and word attention on the same weights,
+    for the export's alignment layer; long, empty and byte-fallback targets included."""
+    model, tokenizer = models
+    decode = dataclasses.replace(DECODE, alignment_layer=layer)
+    translator = Translator(model, tokenizer, tokenizer, decode)
+    ct2 = CTranslate2Translator(export(model, tokenizer, tmp_path / "ct2", decode))
+    targets = ["A man rides a bike.", "", "Two dogs play in the snow.", "x " * 60, "Hallo",
+               "Der Mann's Hut.", "漢字 ☃", "a", "Kinder.", "Ein Hund.", "Leute", "Iglu!"]
+    ours = translator.align(tf.constant(SENTENCES), tf.constant(targets))
+    theirs = ct2.align(SENTENCES, targets)
+    assert texts(theirs["alignment"]) == tf_texts(ours["alignment"])
+    assert sum(len(a.split()) for a in tf_texts(ours["alignment"])) > 30
+    np.testing.assert_allclose(ct2.word_attention(SENTENCES, targets),
+                               translator.word_attention(SENTENCES, targets).numpy(), atol=1e-5)
+    assert json.loads((tmp_path / "ct2" / SETTINGS_FILE).read_text())["alignment_layer"] == layer
+    assert ct2.align([], [])["alignment"].shape == (0,)
+    assert ct2.word_attention([], []).shape == (0, 0, 0)
+    with pytest.raises(ConfigError, match="2 sources for 1 targets"):
+        ct2.align(SENTENCES[:2], targets[:1])

@@ -67,7 +67,7 @@ for signature in sys.argv[4:]:
     exprs = "source=" + inputs
     if signature == "translate_sampling":
         exprs += f";seed={list(range(count))}"  # a literal: numpy makes it int64
-    if signature == "score":
+    if signature in ("score", "align"):
         exprs += ";target=" + inputs
     if signature == "translate_prefix":
         exprs += ";prefix=" + inputs
@@ -168,11 +168,12 @@ def test_signatures_and_assets(export_dir):
 
 def test_each_search_is_stored_once(export_dir):
     """One decoding loop per strategy in the graph: greedy search, beam search (which the
-    best-beam, n-best and prefix signatures share), sampling, and the score's forced decoding. Signatures traced before
+    best-beam, n-best and prefix signatures share), sampling, the score's forced decoding and
+    align's attention. Signatures traced before
     `tf.saved_model.save`, or the searches as tracked tf.functions, made the save trace them
     again and store copies (seven loops for two strategies, twice the graph, twice the load
     time); a search for the best beam alone was one more loop."""
-    assert load_benchmark("export").while_loop_count(export_dir) == 4
+    assert load_benchmark("export").while_loop_count(export_dir) == 5
 
 
 def test_exported_signatures_skip_sources_without_words_and_normalize_them(export_dir):
@@ -181,7 +182,7 @@ def test_exported_signatures_skip_sources_without_words_and_normalize_them(expor
     loaded = load_translator(export_dir)
     tab = SENTENCES.index("Ein Mann\tfährt\tFahrrad.")
     for name in SIGNATURES:
-        if name == "score":  # not a translation: test_translator.py
+        if name in ("score", "align"):  # not a translation: test_translator.py
             continue
         if name == "translate_nbest":
             texts_key, scores_key = "translations", "scores"

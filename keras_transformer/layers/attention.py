@@ -36,10 +36,10 @@ def attention_bias(mask):
     return tf.where(mask, 0.0, LARGE_NEGATIVE)
 
 
-def dot_product_attention(q, key, value, bias):
-    """Scaled dot-product attention (equation 1) of pre-scaled `q` `[batch, heads, q_len, dim]`
-    over `key`/`value` `[batch, heads, len, dim]`; `bias` from `attention_bias`, broadcastable
-    to `[batch, heads, q_len, len]`, or None. Returns `[batch, heads, q_len, dim]`."""
+def attention_weights(q, key, bias):
+    """The softmax of equation 1: float32 `[batch, heads, q_len, len]` for pre-scaled `q`
+    `[batch, heads, q_len, dim]` over `key` `[batch, heads, len, dim]`; `bias` from
+    `attention_bias`, broadcastable to the result, or None."""
     logits = matmul(q, key, transpose_b=True)  # [batch, heads, q_len, len]
     if logits.dtype != tf.float32:
         logits = tf.cast(logits, tf.float32)
@@ -48,10 +48,17 @@ def dot_product_attention(q, key, value, bias):
     # Softmax's arithmetic in element-wise ops: oneDNN's Softmax kernel, which TensorFlow
     # substitutes for tf.nn.softmax, costs more per call on the loop's small, changing shapes.
     exp = tf.exp(logits - tf.reduce_max(logits, axis=-1, keepdims=True))
-    probs = exp / tf.reduce_sum(exp, axis=-1, keepdims=True)
-    if probs.dtype != value.dtype:
-        probs = tf.cast(probs, value.dtype)
-    return matmul(probs, value)
+    return exp / tf.reduce_sum(exp, axis=-1, keepdims=True)
+
+
+def dot_product_attention(q, key, value, bias, return_weights=False):
+    """Scaled dot-product attention (equation 1) of pre-scaled `q` `[batch, heads, q_len, dim]`
+    over `key`/`value` `[batch, heads, len, dim]`; `bias` from `attention_bias`, broadcastable
+    to `[batch, heads, q_len, len]`, or None. Returns `[batch, heads, q_len, dim]`, and with
+    `return_weights` also `attention_weights` (float32 `[batch, heads, q_len, len]`)."""
+    probs = attention_weights(q, key, bias)
+    y = matmul(probs if probs.dtype == value.dtype else tf.cast(probs, value.dtype), value)
+    return (y, probs) if return_weights else y
 
 
 class BaseAttention(keras.layers.Layer):
@@ -295,7 +302,7 @@ class CrossAttention(BaseAttention):
         kv = tf.transpose(kv, [2, 0, 3, 1, 4])  # [2, batch, heads, len, head_dim]
         return {"key": kv[0], "value": kv[1]}
 
-    def step(self, weights, x, memory, bias, beams=1):
+    def step(self, weights, x, memory, bias, beams=1, return_attention=False):
         """Decodes one position: `call` over precomputed keys and values.
 
         Args:
@@ -305,19 +312,27 @@ class CrossAttention(BaseAttention):
                 consecutive rows of `x` (the beams of one sentence) attend to one row together,
                 one `[beams, source_len]` attention per sentence and head, no tiled copies.
             bias: `attention_bias` of the source mask, `[batch, 1, 1, source_len]`.
+            return_attention: also return the attention weights, averaged over the heads.
 
         Returns:
-            `[batch * beams, d_model]`.
+            `[batch * beams, d_model]`, and with `return_attention` also the attention weights
+            float32 `[batch * beams, source_len]` (word alignments read them).
         """
         heads, head_dim, d = self.num_heads, self.head_dim, self.d_model
         h = residual_input(x, self.norm)
         q = matmul(h, weights["q_kernel"]) + weights["q_bias"]
         if beams == 1:
-            y = dot_product_attention(tf.reshape(q, [-1, heads, 1, head_dim]), memory["key"],
-                                      memory["value"], bias)
+            y, probs = dot_product_attention(tf.reshape(q, [-1, heads, 1, head_dim]),
+                                             memory["key"], memory["value"], bias,
+                                             return_weights=True)
         else:
             q = tf.transpose(tf.reshape(q, [-1, beams, heads, head_dim]), [0, 2, 1, 3])
-            y = tf.transpose(dot_product_attention(q, memory["key"], memory["value"], bias),
-                             [0, 2, 1, 3])
+            y, probs = dot_product_attention(q, memory["key"], memory["value"], bias,
+                                             return_weights=True)
+            y = tf.transpose(y, [0, 2, 1, 3])
         y = matmul(tf.reshape(y, [-1, d]), weights["out_kernel"]) + weights["out_bias"]
-        return residual_output(x, y, self.norm, weights)
+        y = residual_output(x, y, self.norm, weights)
+        if not return_attention:
+            return y
+        # [batch, heads, beams, len] -> [batch * beams, len]
+        return y, tf.reshape(tf.reduce_mean(probs, axis=1), [-1, tf.shape(probs)[-1]])

@@ -123,11 +123,13 @@ class Decoder(LayerStack):
             x = layer(x, context, context_mask=context_mask, training=training)
         return self._finish(x)
 
-    def cross_attention_scores(self, x, context, context_mask=None):
-        """The last layer's cross-attention weights `[batch, heads, target_len, source_len]`."""
-        for layer in self.stack[:-1]:
-            x = layer(x, context, context_mask=context_mask)
-        return self.stack[-1].cross_attention_scores(x, context, context_mask)
+    def cross_attention_scores(self, x, context, context_mask=None, layer=-1):
+        """The cross-attention weights `[batch, heads, target_len, source_len]` of layer
+        `layer` (default the last; negative counts from the end)."""
+        index = range(len(self.stack))[layer]
+        for decoder_layer in self.stack[:index]:
+            x = decoder_layer(x, context, context_mask=context_mask)
+        return self.stack[index].cross_attention_scores(x, context, context_mask)
 
     def precompute(self, weights, context, packing) -> list:
         """Per layer, the cross-attention keys and values of the encoder output's real tokens
@@ -149,3 +151,20 @@ class Decoder(LayerStack):
             x, cache = layer.step(layer_weights, x, cache, layer_memory, bias, beams)
             new_caches.append(cache)
         return self._finish_rows(weights, x), new_caches
+
+    def attention_step(self, weights, x, caches, memory, bias, layer):
+        """`step` up to the cross-attention of layer `layer` (an index into the stack, >= 0),
+        for one position per sentence: `[batch, d_model]` -> `(attention weights float32
+        [batch, source_len] averaged over the heads, caches)`; `caches` and the result hold
+        layers 0 to `layer` only (the layers after it are not run)."""
+        new_caches = []
+        for decoder_layer, layer_weights, cache, layer_memory in zip(
+                self.stack[:layer], weights["layers"], caches, memory):
+            x, cache = decoder_layer.step(layer_weights, x, cache, layer_memory, bias)
+            new_caches.append(cache)
+        decoder_layer, layer_weights = self.stack[layer], weights["layers"][layer]
+        x, cache = decoder_layer.causal_self_attention.step(
+            layer_weights["causal_self_attention"], x, caches[layer])
+        _, attention = decoder_layer.cross_attention.step(
+            layer_weights["cross_attention"], x, memory[layer], bias, return_attention=True)
+        return attention, [*new_caches, cache]
