@@ -104,26 +104,14 @@ def _batched(function, inputs: dict, batching: RequestBatching, queue: str):
             max_enqueued_batches=batching.max_enqueued_batches, shared_name=queue,
             Tout=[output.dtype for output in function.outputs])
         # An empty call comes back as shape [0] whatever the output's rank (translate_nbest's
-        # [batch, beam] too): the output's rank and the inner dimensions the signature fixes
-        # are restored.
+        # [batch, beam] too): the inner dimensions the signature fixes are restored.
         batch = tf.shape(values[0])[:1]
-        outputs = [_with_batch(output, spec, batch)
+        outputs = [tf.reshape(output, tf.concat([batch, spec.shape[1:].as_list()], 0))
+                   if spec.shape[1:].is_fully_defined() else output
                    for output, spec in zip(outputs, function.outputs)]
         return tf.nest.pack_sequence_as(function.structured_outputs, outputs)
 
     return tf.function(run, input_signature=list(inputs.values()), autograph=False)
-
-
-def _with_batch(output, spec, batch):
-    """A `BatchFunction` output with the rank and the fixed inner dimensions of `spec`;
-    `batch` int32 `[1]`."""
-    inner = spec.shape[1:]
-    if inner.rank == 0:
-        return output
-    if inner.is_fully_defined():
-        return tf.reshape(output, tf.concat([batch, inner.as_list()], 0))
-    empty = [0] + [0 if size is None else size for size in inner.as_list()]
-    return tf.cond(batch[0] > 0, lambda: output, lambda: tf.reshape(output, empty))
 
 
 def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
