@@ -30,7 +30,7 @@ test-all: install  ## every test, including the slow ones
 demo: install  ## the main job on real Multi30k German-English
 	bash experiments/demo.sh
 
-docs: install  ## the API reference in docs/_build/html (index.html); any warning fails the build
+docs: install  ## the documentation site in docs/_build/html (index.html); any warning fails the build
 	$(BIN)/sphinx-build -W --keep-going -n -b html docs docs/_build/html
 
 GUIDE_SIZE ?= full

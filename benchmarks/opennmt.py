@@ -523,7 +523,7 @@ def check_onmt_python(python: str) -> str | None:
     if problem is None:
         return None
     return (f"opennmt.py: OpenNMT-tf {ONMT_VERSION} is needed, but {python} {problem}: make its "
-            f"venv with `{VENV_COMMAND}` (README, \"Command line\"), then pass "
+            f"venv with `{VENV_COMMAND}` (docs/usage.md), then pass "
             f"--onmt-python ../onmt-venv/bin/python or set {ONMT_ENV}")
 
 

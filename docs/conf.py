@@ -1,16 +1,22 @@
-"""Sphinx configuration of the API reference: `make docs` builds it into docs/_build/html.
+"""Sphinx configuration of the documentation site: `make docs` builds it into docs/_build/html.
 
-Every page is generated from the code: the exported names and the layers with autodoc (Google
-style docstrings through napoleon), the command line from `cli.build_parser()` with
-sphinx-argparse, and the config tables and SavedModel signatures with the local extensions in
-`_ext/`. The build is strict (`-W -n`): a broken reference or a docstring that does not parse
-fails it.
+The user pages are Markdown (myst-parser): the guide notebook as committed, with its pictures
+(myst-nb, never executed here: `make guide` runs it), the pages on the command line, your own
+data, distributed training and serving, and the results, `experiments/RESULTS.md` with its lab
+notebook and figures, copied into `docs/_generated/` at every build so that the links between
+them resolve as they do in the repository. The reference is generated from the code:
+the exported names and the layers with autodoc (Google style docstrings through napoleon), the
+command line from `cli.build_parser()` with sphinx-argparse, and the config tables and
+SavedModel signatures with the local extensions in `_ext/`. The build is strict (`-W -n`): a
+broken reference or link, or a docstring that does not parse, fails it.
 """
 
 import os
+import shutil
 import sys
 
 DOCS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(DOCS)
 sys.path.insert(0, os.path.dirname(DOCS))  # this checkout's package, before any installed one
 sys.path.insert(0, os.path.join(DOCS, "_ext"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # autodoc imports TensorFlow
@@ -20,6 +26,7 @@ import keras_transformer  # noqa: E402
 project = "keras-transformer"
 release = version = keras_transformer.__version__
 author = "keras-transformer authors"
+copyright = f"2026, {author}"
 
 extensions = [
     "sphinx.ext.autodoc",
@@ -28,9 +35,13 @@ extensions = [
     "package_reference",
     "config_tables",
     "signatures",
+    "myst_nb",
 ]
 
 exclude_patterns = ["_build"]
+source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
+nb_execution_mode = "off"  # the notebook as committed, pictures included; `make guide` runs it
+myst_heading_anchors = 3  # RESULTS.md links to sections of its log by their GitHub anchors
 html_theme = "furo"
 html_title = f"keras-transformer {release}"
 smartquotes = False  # quotes inside docstrings are code more often than prose
@@ -55,3 +66,17 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(pathlib|os|typing|collections\.abc|concurrent\.futures|argparse)\..+"),
     (r"py:.*", r"(Path|PathLike|Callable|Iterable|Sequence|Any)"),
 ]
+
+
+def _copy_results(target=os.path.join(DOCS, "_generated", "experiments")):
+    """experiments/RESULTS.md, its lab notebook (log/) and its figures, into the source tree."""
+    def ignored(folder, names):
+        top = os.path.samefile(folder, os.path.join(REPO, "experiments"))
+        return [name for name in names
+                if not (name.endswith((".md", ".png")) or (top and name == "log"))]
+
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(os.path.join(REPO, "experiments"), target, ignore=ignored)
+
+
+_copy_results()

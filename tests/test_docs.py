@@ -168,3 +168,26 @@ def test_every_savedmodel_signature_has_its_row(html_dir):
     source = page(html_dir, "savedmodel")
     assert table_rows(source) == list(SIGNATURES)
     assert f"{SIGNATURE_INPUT}: string [batch]" in text(source)
+
+
+def test_the_site_holds_the_guide_with_its_pictures_the_user_pages_and_the_results(html_dir):
+    """The guide notebook rendered as committed (each picture it holds is an image of the
+    page), the pages README links to, RESULTS.md with its figures and the log it links to, and
+    a footer with its copyright."""
+    import json
+
+    notebook = json.loads((DOCS / "guide.ipynb").read_text(encoding="utf-8"))
+    pictures = sum("image/png" in output.get("data", {}) for cell in notebook["cells"]
+                   for output in cell.get("outputs", []))
+    guide = page(html_dir, "guide")
+    assert pictures >= 4 and len(re.findall(r'<img [^>]*src="_images/', guide)) == pictures
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    for name in re.findall(r"\]\(docs/(\w+)\.md\)", readme):
+        title = (DOCS / f"{name}.md").read_text(encoding="utf-8").splitlines()[0][2:]
+        assert title in text(page(html_dir, name)), name
+    results = page(html_dir, "_generated/experiments/RESULTS")
+    assert "Translation quality" in text(results)
+    assert re.search(r'href="../../_downloads/\w+/curves_2h.png"', results)  # its figure
+    assert (html_dir / "_generated/experiments/log/2026-12-06.html").is_file()
+    assert "2026, keras-transformer authors" in text(page(html_dir, "index"))
+    assert len(readme.splitlines()) <= 255  # the front page; the rest is here

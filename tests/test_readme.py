@@ -83,16 +83,14 @@ def test_the_runner_trains_translates_and_exports(in_empty_folder, capsys):
     assert (in_empty_folder / "saved_models" / "multi30k_de_en" / "1" / "saved_model.pb").is_file()
 
 
-def test_the_readme_corpora_config_is_a_config():
-    """The data.corpora example of "Your own data" parses as written."""
+def test_the_corpora_config_of_your_own_data_is_a_config():
+    """The data.corpora example of the "Your own data" page parses as written."""
     import yaml
 
     from keras_transformer.config import ExperimentConfig
 
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    body = text.split("\n## Your own data: several corpora, back-translation, fine-tuning\n",
-                      1)[1].split("\n## ", 1)[0]
-    (block,) = re.findall(r"```yaml\n(.*?)```", body, re.S)
+    text = (REPO_ROOT / "docs" / "your_own_data.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"```yaml\n(.*?)```", text, re.S)
     corpora = ExperimentConfig.from_dict(yaml.safe_load(block)).data.corpora
     assert [(c.dataset, c.weight, c.tag) for c in corpora] == [
         ("multi30k", 1.0, None), ("file_pair", 1.0, "<BT>")]
