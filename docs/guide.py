@@ -448,6 +448,39 @@ callbacks.attention_figure(weights[0].numpy(),
                            pieces(translator.target_tokenizer, output_ids))
 
 # %% [markdown]
+# ## n-best lists and word alignments
+#
+# Beam search keeps `beam_size` hypotheses to the end; the `"nbest"` search (the
+# `translate_nbest` signature, `keras-transformer translate --nbest N`) returns them all, best
+# first, with their scores, log P / lp. `align` (the `align` signature, `translate
+# --alignments`) pairs each word of a translation with the source word it attends to most, in
+# one decoder layer's cross-attention (`decode.alignment_layer`, default the last) averaged over
+# the heads and over each word's subwords, as Pharaoh `i-j` pairs (source word i, target word
+# j), the way Marian's `--alignment hard` does; `word_attention` is the matrix that it chooses
+# from, drawn below with the chosen pairs boxed. Attention is not alignment, so the pairs are
+# approximate, good enough to carry markup across. (At tiny size the best hypothesis may be
+# empty; then the reference is aligned instead.)
+
+# %%
+nbest = translator.translate(tf.constant(sources[:1]), "nbest")
+for text, score in zip(nbest["translations"].numpy()[0], nbest["scores"].numpy()[0]):
+    print(f"{score:9.4f}  {text.decode('utf-8')}")
+best = nbest["translations"].numpy()[0, 0].decode("utf-8") or test_pairs[0][1].decode("utf-8")
+alignment = translator.align(tf.constant(sources[:1]), tf.constant([best]))["alignment"]
+print("alignment:", alignment.numpy()[0].decode("utf-8"))
+source_words, target_words = sources[0].split(), best.split()
+matrix = translator.word_attention(sources[:1], [best])[0].numpy()
+matrix = matrix[:len(target_words), :len(source_words)]  # [target words, source words]
+figure, axes = plt.subplots(figsize=(0.6 * len(source_words) + 2, 0.45 * len(target_words) + 1.5))
+axes.imshow(matrix, cmap="Blues", vmin=0.0)
+axes.scatter(matrix.argmax(axis=1), range(len(target_words)), marker="s", s=150,
+             facecolors="none", edgecolors="red")
+axes.set_xticks(range(len(source_words)), source_words, rotation=60, ha="right")
+axes.set_yticks(range(len(target_words)), target_words)
+axes.set_title("word attention; the alignment boxed")
+plt.show()
+
+# %% [markdown]
 # ## Export the model
 #
 # The tutorial saves its translator with `tf.saved_model.save` and reloads it. `kt.export_translator`
@@ -501,4 +534,5 @@ print(json.dumps(response, ensure_ascii=False, indent=1))
 # The same path from the command line: `keras-transformer train --config experiments/demo.yaml
 # --output runs/demo`, then `keras-transformer export --run runs/demo --output
 # saved_models/demo` (`make demo` runs both and scores the test split with sacreBLEU). The
-# README lists what else the package does, and `make docs` builds the API reference.
+# documentation site (`make docs`) has a page on every command, on your own data, on training
+# across machines and on serving, the results, and the API reference.

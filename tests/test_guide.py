@@ -85,13 +85,18 @@ def test_the_guide_runs_top_to_bottom_at_tiny_size(multi30k_dir, tmp_path, monke
     assert "length buckets" in padding and "64 pairs, padded" in padding
     assert padding.count("%") == 4
 
-    # The figures came out as images: positional encoding, schedule, curves, attention.
+    # The figures came out as images: positional encoding, schedule, curves, attention, the
+    # word alignment.
     for code in ("layers.positional_encoding(", "kt.TransformerSchedule(", "epoch_bleu",
-                 "callbacks.attention_figure("):
+                 "callbacks.attention_figure(", "translator.word_attention("):
         assert has_png(cell_with(notebook, code)), f"no image from the cell with {code!r}"
 
     # Translations came out: from the Translator, and from the reloaded SavedModel's signature.
     assert "Prediction" in text_of(cell_with(notebook, "translator.translate_beam("))
+    aligned = [line for line in text_of(cell_with(notebook, "translator.word_attention("))
+               .splitlines() if not line.startswith("<Figure")]
+    assert len(aligned) == 4 + 1  # the beam's 4 hypotheses, the alignment
+    assert re.fullmatch(r"alignment: \d+-0( \d+-\d+)*", aligned[-1])
     answer = text_of(cell_with(notebook, '{"predictions": ['))
     predictions = json.loads(answer)["predictions"]
     assert len(predictions) == 3
