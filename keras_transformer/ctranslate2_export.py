@@ -43,6 +43,7 @@ from keras_transformer.config import SENTENCEPIECE_FILE, ConfigError, DecodeConf
 from keras_transformer.ctranslate2_translator import MODEL_CHECKSUM, MODEL_FILE, SETTINGS_FILE
 from keras_transformer.layers.normalization import LAYER_NORM_EPSILON
 from keras_transformer.model import Transformer
+from keras_transformer.search_rules import kept_source_tokens
 from keras_transformer.text_io import errno_of, file_sha256, write_error
 from keras_transformer.tokenizers import SentencePieceTokenizer, Tokenizer
 
@@ -128,7 +129,7 @@ def export_settings(model: Transformer, decode_config: DecodeConfig, quantizatio
         "sampling_temperature": decode_config.sampling_temperature,
         "alignment_layer": decode_config.alignment_layer,
         "max_positions": positions,
-        "max_source_length": min(max_source_length or positions, positions),
+        "max_source_length": kept_source_tokens(max_source_length, positions),
         "source_start": "<s>",  # START and END around every source, as Tokenizer.tokenize does
         "source_end": "</s>",
         "sentencepiece_model": SENTENCEPIECE_FILE,

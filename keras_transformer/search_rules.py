@@ -1,4 +1,5 @@
-"""How a search ranks hypotheses and when it may stop: the rules every runtime follows.
+"""How long a search may run, how it ranks hypotheses and when it may stop: the rules every
+runtime follows.
 
 The SavedModel's `tf.while_loop` (`decoding`) and the CTranslate2 runtime
 (`ctranslate2_translator`) both rank and stop by these, so the rules exist once. Pure Python
@@ -28,6 +29,23 @@ STOPPING_RULES = {
                   "(fairseq's and CTranslate2's rule; patience 1 is their default), when the "
                   "exact bound holds, or at its cap"),
 }
+
+
+def output_cap(source_tokens, max_extra_length, max_positions, prefix_tokens=0, *,
+               minimum=min, maximum=max):
+    """The most tokens a search generates for one source (END included): the source's tokens
+    (START and END counted, after `kept_source_tokens`) + `max_extra_length` (section 6.1's
+    "input length + 50"), at least a forced prefix's tokens + 1, at most the model's
+    `max_positions`. `minimum`/`maximum`: the element-wise ops for tensors (`tf.minimum`,
+    `tf.maximum`); Python's for numbers."""
+    return minimum(maximum(source_tokens + max_extra_length, prefix_tokens + 1), max_positions)
+
+
+def kept_source_tokens(max_source_length, max_positions):
+    """How many tokens of a source (START and END counted) the encoder reads: a longer source
+    keeps its first `kept - 1` tokens and END, as every training source ends with END; never
+    more than the model's `max_positions` (a missing `max_source_length`: that)."""
+    return min(max_source_length or max_positions, max_positions)
 
 
 def length_penalty(length, alpha):
