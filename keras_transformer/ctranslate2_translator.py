@@ -33,7 +33,7 @@ import sentencepiece
 
 from keras_transformer.config import PROVENANCE_FILE, ConfigError
 from keras_transformer.search_rules import (NEG_INF, cannot_improve, finished_to_stop,
-                                            length_penalty)
+                                            kept_source_tokens, length_penalty, output_cap)
 from keras_transformer.text_io import file_sha256, first_line
 from keras_transformer.text_normalization import normalize
 from keras_transformer.word_alignment import hard_alignment, word_attention, word_indices
@@ -118,8 +118,9 @@ class CTranslate2Translator:
             self.sampling_topp = float(self.settings.get("sampling_topp", 1.0))
             self.sampling_temperature = float(self.settings.get("sampling_temperature", 1.0))
             self.max_positions = int(self.settings["max_positions"])
-            self.max_source_length = int(self.settings.get("max_source_length",
-                                                           self.max_positions))
+            source_limit = self.settings.get("max_source_length")  # older exports: none
+            self.max_source_length = kept_source_tokens(
+                None if source_limit is None else int(source_limit), self.max_positions)
         except (ValueError, KeyError, TypeError, AttributeError, RuntimeError, OSError) as error:
             detail = f"no {error} in {SETTINGS_FILE}" if isinstance(error, KeyError) else error
             raise ConfigError(f"{self.model_dir}: damaged CTranslate2 export "
@@ -190,8 +191,7 @@ class CTranslate2Translator:
         rows = [index for index, source in enumerate(pieces) if source is not None]
         best = [([], 0.0)] * len(sources)
         if rows:
-            caps = [min(max(self._cap(pieces[i]), len(forced[i]) + 1), self.max_positions)
-                    for i in rows]
+            caps = [self._cap(pieces[i], len(forced[i])) for i in rows]
             results = self.translator.translate_batch(
                 [pieces[i] for i in rows], target_prefix=[forced[i] or None for i in rows],
                 beam_size=1 if greedy else self.beam_size, max_decoding_length=max(caps),
@@ -310,9 +310,11 @@ class CTranslate2Translator:
         pieces = self.processor.encode(source.decode("utf-8"), out_type=str)
         return pieces[:self.max_source_length - 2]
 
-    def _cap(self, pieces: list[str]) -> int:
-        """The most tokens generated for a source, END included."""
-        return min(len(pieces) + 2 + self.max_extra_length, self.max_positions)
+    def _cap(self, pieces: list[str], prefix_pieces: int = 0) -> int:
+        """The most tokens generated for a source, END included (`search_rules.output_cap`;
+        the source's tokens count START and END)."""
+        return output_cap(len(pieces) + 2, self.max_extra_length, self.max_positions,
+                          prefix_pieces)
 
     def _greedy(self, sources: list[list[str]], cap: int) -> list[tuple[list[int], float]]:
         results = self.translator.translate_batch(

@@ -66,7 +66,7 @@ from keras_transformer.config import ConfigError, DecodeConfig
 from keras_transformer.evaluation import score
 from keras_transformer.model import Transformer
 from keras_transformer.runs import Run
-from keras_transformer.search_rules import STOPPING_RULES
+from keras_transformer.search_rules import STOPPING_RULES, kept_source_tokens, output_cap
 from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID, Tokenizer, normalize_text
 
 STRINGS_SPEC = tokenizers.STRINGS_SPEC
@@ -147,8 +147,8 @@ class Translator(tf.Module):
             raise ConfigError(f"decode.alignment_layer={decode_config.alignment_layer}: the "
                               f"decoder has {layers} layers (0 to {layers - 1}, or -1 to "
                               f"-{layers} from the last)")
-        positions = model.config.max_positions
-        self.max_source_length = min(max_source_length or positions, positions)
+        self.max_source_length = kept_source_tokens(max_source_length,
+                                                    model.config.max_positions)
         # The session-based loader (saved_model_cli, TF Serving) finds variables only if the
         # module tracks the tf.Variables themselves, not Keras 3's wrappers around them. A
         # compiled model's optimizer is thus never tracked either.
@@ -239,6 +239,10 @@ class Translator(tf.Module):
         if search not in SEARCHES:
             raise ValueError(f"search={search!r} is not one of {', '.join(SEARCHES)}")
         strategy = "beam" if search == "nbest" else search
+        source = _batch_input(source)
+        for name in (*decoding.STRATEGIES[strategy].signature_inputs, "prefix"):
+            if options.get(name) is not None:
+                options[name] = _batch_input(options[name])
         beam_size = self.decode_config.beam_size
         if search == "nbest":
             no_words = {"translations": [""] * beam_size,
@@ -277,6 +281,7 @@ class Translator(tf.Module):
 
     def _score(self, source, target):
         """The body of the `score` signature (see the module docstring)."""
+        source, target = _batch_input(source), _batch_input(target)
         def score_rows():
             scores, tokens = self.score_ids(self.source_ids(source), self.target_ids(target))
             penalty = decoding.length_penalty(tf.cast(tokens, tf.float32),
@@ -320,6 +325,7 @@ class Translator(tf.Module):
     def _align(self, source, target):
         """The body of the `align` signature: `{"alignment": string [batch]}`, Pharaoh pairs
         (see `word_alignments`)."""
+        source, target = _batch_input(source), _batch_input(target)
         return {"alignment": self._word_alignments(source, target)["alignment"]}
 
     def word_attention(self, source, target):
@@ -404,13 +410,11 @@ class Translator(tf.Module):
         prefix = options.pop("prefix", None)
         if length_caps is None:
             lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), axis=1)
-            if prefix is not None:  # room for the prefix and at least one more token
-                prefix_lengths = tf.reduce_sum(tf.cast(tf.not_equal(prefix, PAD_ID), tf.int32),
-                                               axis=1)
-                lengths = tf.maximum(lengths, prefix_lengths + 1
-                                     - self.decode_config.max_extra_length)
-            length_caps = tf.minimum(lengths + self.decode_config.max_extra_length,
-                                     self.model.config.max_positions)
+            prefix_lengths = 0 if prefix is None else tf.reduce_sum(
+                tf.cast(tf.not_equal(prefix, PAD_ID), tf.int32), axis=1)
+            length_caps = output_cap(lengths, self.decode_config.max_extra_length,
+                                     self.model.config.max_positions, prefix_lengths,
+                                     minimum=tf.minimum, maximum=tf.maximum)
         length_caps = tf.convert_to_tensor(length_caps, tf.int32)
         # Always a prefix, empty where none is given: a search with and without one is one
         # trace (and one decoding loop in an export).
@@ -510,6 +514,14 @@ class Translator(tf.Module):
             strategy, step_function, cache, batch_size=batch_size,
             max_decode_length=max_decode_length, length_caps=length_caps,
             state_shape_invariants=model.cache_shape_invariants(cache), context=context)
+
+
+def _batch_input(value):
+    """A signature input with one row per sentence, checked to be a batch `[batch]` as the call
+    runs: a loaded signature binds an input of another rank without a check, and it failed deep
+    in the graph ("Can not squeeze dim[1]"); this fails first, naming it ("Shape of tensor
+    source [1,2] is not compatible with expected shape [?]"). Python values pass as they are."""
+    return tf.ensure_shape(value, [None]) if isinstance(value, tf.Tensor) else value
 
 
 def word_alignments(attention, source_words, target_words) -> dict:
@@ -621,16 +633,17 @@ def translate_texts(translate: TranslateFn, sentences: Sequence[str], *,
 
 
 def score_texts(score: Callable, sources: Sequence[str], targets: Sequence[str], *,
-                batch_size: int = 64) -> list[tuple[float, float, int]]:
-    """Scores line-aligned (source, target) texts in batches of similar length; returns
-    (log P, log P / lp, tokens) per pair, in input order. `score` is a `score` signature
-    (`Translator.score`, a loaded SavedModel's, or `CTranslate2Translator.score`)."""
+                batch_size: int = 64, workers: int = 1) -> list[tuple[float, float, int]]:
+    """Scores line-aligned (source, target) texts in batches of similar length, `workers`
+    batches in flight; returns (log P, log P / lp, tokens) per pair, in input order. `score` is
+    a `score` signature (`Translator.score`, a loaded SavedModel's, or
+    `CTranslate2Translator.score`)."""
     def rows(outputs):
         values = [np.asarray(outputs[key]) for key in ("score", "normalized_score", "tokens")]
         return [(float(log_p), float(normalized), int(tokens))
                 for log_p, normalized, tokens in zip(*values)]
 
-    return _pairs_in_batches(score, rows, sources, targets, batch_size)
+    return _pairs_in_batches(score, rows, sources, targets, batch_size, workers)
 
 
 def align_texts(align: Callable, sources: Sequence[str], targets: Sequence[str], *,
@@ -646,9 +659,10 @@ def align_texts(align: Callable, sources: Sequence[str], targets: Sequence[str],
 
 
 def _pairs_in_batches(function: Callable, rows: Callable, sources: Sequence[str],
-                      targets: Sequence[str], batch_size: int) -> list:
+                      targets: Sequence[str], batch_size: int, workers: int = 1) -> list:
     """`function(source batch, target batch)` over line-aligned texts in batches of similar
-    length; `rows(outputs)` makes one result per pair; the results in input order."""
+    length, `workers` at a time (threads); `rows(outputs)` makes one result per pair; the
+    results in input order."""
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} sources for {len(targets)} targets")
     if batch_size < 1:
@@ -656,12 +670,20 @@ def _pairs_in_batches(function: Callable, rows: Callable, sources: Sequence[str]
     order = sorted(range(len(sources)),
                    key=lambda i: (len(sources[i].split()), len(targets[i].split())))
     results: list = [None] * len(sources)
-    for start in range(0, len(order), batch_size):
-        batch = order[start:start + batch_size]
+
+    def run(batch):
         outputs = function(tf.constant([sources[i] for i in batch], tf.string),
                            tf.constant([targets[i] for i in batch], tf.string))
         for index, result in zip(batch, rows(outputs)):
             results[index] = result
+
+    batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+    if workers > 1:
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            list(pool.map(run, batches))
+    else:
+        for batch in batches:
+            run(batch)
     return results
 
 

@@ -651,3 +651,44 @@ def test_a_strategy_registered_in_decoding_reaches_search_and_export(sentencepie
     assert result.returncode == 0, result.stderr[-3000:]
     outcome = json.loads(result.stdout.split("RESULT", 1)[1])
     assert outcome["checked"] > 5 and outcome["same"]
+
+
+def test_an_input_of_another_rank_is_refused_by_name(export_dir):
+    """A loaded signature binds an input of any rank; each is checked first, and the error names
+    it and its shape (it was a bare "Can not squeeze dim[1]" deep in the graph)."""
+    loaded = load_translator(export_dir)
+    for name in SIGNATURES:
+        arguments = signature_arguments(name, SENTENCES[:2])
+        for key, value in arguments.items():
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match=rf"Shape of tensor {key} \[1,2\] is not compatible with "
+                                     r"expected shape \[\?\]"):
+                loaded.signatures[name](**{**arguments, key: tf.reshape(value, [1, 2])})
+
+
+def test_an_export_killed_while_it_writes_leaves_no_version_and_the_next_completes(random_run,
+                                                                                   tmp_path):
+    """SIGKILL while `export` writes its hidden `.1.partial` folder: the model folder, which TF
+    Serving watches, holds no version; the same command then writes version 1 in full."""
+    import os
+    import signal
+    import time
+
+    root = tmp_path / "models"
+    command = [sys.executable, "-m", "keras_transformer.cli", "export", "--run",
+               str(random_run), "--output", str(root)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=env)
+    partial, deadline = root / ".1.partial", time.time() + 300
+    while not partial.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert partial.exists(), "the export ended (or never began writing) before the kill"
+    assert [path.name for path in root.iterdir()] == [".1.partial"]
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert sorted(path.name for path in root.iterdir()) == ["1"]
+    loaded = load_translator(root / "1")
+    assert loaded.translate_greedy(tf.constant(["Ein Hund."]))["translation"].shape == (1,)

@@ -465,3 +465,16 @@ def test_the_score_signature_tokenizes_targets_as_translations_are(translator):
     empty = translator.score(tf.constant([], tf.string), tf.constant([], tf.string))
     assert {k: v.shape for k, v in empty.items()} == {"score": (0,), "normalized_score": (0,),
                                                       "tokens": (0,)}
+
+
+def test_the_output_cap_and_source_limit_are_one_rule_for_numbers_and_tensors():
+    """`search_rules.output_cap`, which both runtimes use: source tokens + max_extra_length, at
+    least a prefix's tokens + 1, at most max_positions, the same for Python numbers and tensors."""
+    from keras_transformer.search_rules import kept_source_tokens, output_cap
+
+    for source, prefix, want in [(5, 0, 55), (5, 60, 61), (200, 0, 128), (100, 200, 128)]:
+        assert output_cap(source, 50, 128, prefix) == want
+        assert int(output_cap(tf.constant(source), 50, 128, tf.constant(prefix),
+                              minimum=tf.minimum, maximum=tf.maximum)) == want
+    assert kept_source_tokens(None, 24) == kept_source_tokens(100, 24) == 24
+    assert kept_source_tokens(10, 24) == 10
