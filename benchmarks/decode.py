@@ -1,6 +1,7 @@
 """Translation speed of the exported SavedModel against CTranslate2 on the same weights, in one run.
 
     python benchmarks/decode.py --run runs/NAME [--weights best] [--limit 1000] [--alphas 1.4,0.6]
+    python benchmarks/decode.py --run runs/NAME --searches score   # scoring given translations
 
 The run is exported once per variant into a temporary folder: the SavedModel as
 `keras-transformer export` writes it by default (one export per alpha, since an export fixes
@@ -25,6 +26,12 @@ drift over every row alike, and each round gives a ratio of passes run seconds a
 range over the rounds the table shows. Greedy outputs of the SavedModel and of CTranslate2 float32 are
 compared sentence by sentence.
 
+The "score" search times scoring instead of translating: log P of each (test sentence, its
+reference translation) pair, by the SavedModel's `score` signature and by CTranslate2's
+`score_batch` (`CTranslate2Translator.score`), in the same batches (`translator.score_texts`);
+its tokens/s counts the references' target tokens, and its outputs are compared to within
+1e-3.
+
 CTranslate2 chooses its kernels by CPU (instruction set, float32 and int8 GEMM libraries); the
 header prints what it chose, and `CT2_FORCE_CPU_ISA` / `CT2_USE_MKL` set in the environment
 change it for the CTranslate2 rows (e.g. `CT2_FORCE_CPU_ISA=AVX512 python benchmarks/decode.py ...`).
@@ -46,7 +53,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 VARIANTS = ("savedmodel", "ct2_float32", "ct2_int8")
-SEARCHES = ("greedy", "beam")
+SEARCHES = ("greedy", "beam", "score")
 CORES = (1, 2)
 REFERENCE = "ct2_float32"
 
@@ -65,7 +72,8 @@ def parse_args(argv=None):
                              "run's decode.alpha and 0.6)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated subset of {','.join(VARIANTS)}")
-    parser.add_argument("--searches", default=",".join(SEARCHES))
+    parser.add_argument("--searches", default="greedy,beam",
+                        help=f"comma-separated subset of {','.join(SEARCHES)}")
     parser.add_argument("--cores", default="1,2")
     parser.add_argument("--stopping", choices=("exact", "beam_full"), default=None,
                         help="the SavedModel's beam stopping rule (default: the run's "
@@ -117,12 +125,17 @@ def row_server(spec: dict) -> None:
         raise SystemExit(f"decode.py: {spec['cores']} cores asked, {len(cpus)} available")
     os.sched_setaffinity(0, cpus[:spec["cores"]])
     translate = load_row_model(spec)
-    from keras_transformer.translator import translate_texts
+    from keras_transformer.translator import score_texts, translate_texts
 
     def one_pass():
         start = time.perf_counter()
-        outputs = translate_texts(translate, spec["sentences"], batch_size=spec["batch_size"],
-                                  workers=spec["cores"])
+        if spec["search"] == "score":
+            outputs = [log_p for log_p, _, _ in score_texts(
+                translate, spec["sentences"], spec["references"],
+                batch_size=spec["batch_size"], workers=spec["cores"])]
+        else:
+            outputs = translate_texts(translate, spec["sentences"],
+                                      batch_size=spec["batch_size"], workers=spec["cores"])
         return outputs, time.perf_counter() - start
 
     outputs, _ = one_pass()  # warm-up: tracing, loading, first allocations
@@ -191,15 +204,16 @@ def run_group(specs: list[dict], repeats: int, start=RowProcess) -> list[dict]:
 
 
 def load_row_model(spec: dict):
-    """The row's translate function, string [batch] -> {"translation": ...}, with one thread
-    per op and `cores` batches in flight."""
+    """The row's translate function, string [batch] -> {"translation": ...} (score: (source,
+    target) string [batch] -> {"score", ...}), with one thread per op and `cores` batches in
+    flight."""
     if spec["variant"].startswith("ct2"):
         from keras_transformer.ctranslate2_translator import CTranslate2Translator
 
         translator = CTranslate2Translator(spec["path"], inter_threads=spec["cores"],
                                            intra_threads=1, max_batch_size=0)
-        return (translator.translate_greedy if spec["search"] == "greedy"
-                else translator.translate_beam)
+        return {"greedy": translator.translate_greedy, "beam": translator.translate_beam,
+                "score": translator.score}[spec["search"]]
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -207,6 +221,8 @@ def load_row_model(spec: dict):
     from keras_transformer.export import load_translator
 
     loaded = load_translator(spec["path"])
+    if spec["search"] == "score":
+        return lambda source, target: loaded.signatures["score"](source=source, target=target)
     signature = loaded.signatures["translate_greedy" if spec["search"] == "greedy"
                                   else "serving_default"]
     return lambda batch: signature(source=batch)
@@ -358,10 +374,15 @@ def compare_outputs(results: list[dict]) -> list[str]:
         if row["variant"] == REFERENCE or key in seen or want is None:
             continue
         seen.add(key)
-        same = sum(a == b for a, b in zip(row["outputs"], want))
+        if row["search"] == "score":  # log P, float32 on both sides
+            same = sum(abs(a - b) <= 1e-3 * max(1.0, abs(b))
+                       for a, b in zip(row["outputs"], want))
+            kind = "scores within 1e-3 of"
+        else:
+            same = sum(a == b for a, b in zip(row["outputs"], want))
+            kind = "outputs identical to"
         search = row["search"] if row["alpha"] is None else f"beam a{row['alpha']:g}"
-        lines.append(f"{row['variant']} {search}: {same}/{len(want)} outputs identical to "
-                     f"{REFERENCE}")
+        lines.append(f"{row['variant']} {search}: {same}/{len(want)} {kind} {REFERENCE}")
     return lines
 
 
@@ -382,6 +403,8 @@ def main(argv=None) -> int:
     alphas = ([float(a) for a in args.alphas.split(",")] if args.alphas
               else sorted({config.decode.alpha, 0.6}, reverse=True))
     sentences = read_sentences(args.data_dir, config.data.source_lang, args.limit)
+    references = (read_sentences(args.data_dir, config.data.target_lang, args.limit)
+                  if "score" in args.searches else None)
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     cpu = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines()
                 if line.startswith("Model name")), "unknown CPU")
@@ -400,11 +423,12 @@ def main(argv=None) -> int:
                 f"{name} {value}" for name, value in ct2_cpu.items()), flush=True)
         results = []
         for _, group in itertools.groupby(rows(args, paths, alphas), key=_group_key):
-            specs = [dict(spec, sentences=sentences, batch_size=args.batch_size)
-                     for spec in group]
+            specs = [dict(spec, sentences=sentences, batch_size=args.batch_size,
+                          references=references) for spec in group]
             for spec, result in zip(specs, run_group(specs, args.repeats)):
                 seconds = statistics.median(result["seconds"])
-                tokens = count_target_tokens(translator.target_tokenizer, result["outputs"])
+                scored = references if spec["search"] == "score" else result["outputs"]
+                tokens = count_target_tokens(translator.target_tokenizer, scored)
                 result.update(sentences_per_second=len(sentences) / seconds,
                               tokens_per_second=tokens / seconds)
                 results.append({**{k: spec[k] for k in ("variant", "search", "alpha", "cores")},

@@ -251,6 +251,22 @@ def test_decode_output_comparison_counts_identical_sentences(decode_bench):
             decode_row("savedmodel", "greedy", 2, 1.0, outputs=("a", "x", "c"))]
     assert decode_bench.compare_outputs(rows) == [
         "savedmodel greedy: 2/3 outputs identical to ct2_float32"]
+    scores = [decode_row("ct2_float32", "score", 1, 1.0, outputs=(-10.0, -2.0, -3.0)),
+              decode_row("savedmodel", "score", 1, 1.0, outputs=(-10.005, -2.0005, -3.1))]
+    assert decode_bench.compare_outputs(scores) == [
+        "savedmodel score: 2/3 scores within 1e-3 of ct2_float32"]
+
+
+def test_decode_score_rows_score_the_references_on_every_runtime(decode_bench, tmp_path):
+    """`--searches score`: one row per variant and cores, no alpha; each row's function is the
+    runtime's score (CTranslate2's score_batch, the SavedModel's signature) on given pairs."""
+    args = decode_bench.parse_args(["--run", "r", "--data-dir", "d", "--searches", "score",
+                                    "--variants", "savedmodel,ct2_float32"])
+    paths = {(v, 0.6): f"{v}_0.6" for v in ("savedmodel", "ct2_float32")}
+    got = [(r["variant"], r["search"], r["alpha"], r["cores"])
+           for r in decode_bench.rows(args, paths, [0.6])]
+    assert got == [("ct2_float32", "score", None, 1), ("savedmodel", "score", None, 1),
+                   ("ct2_float32", "score", None, 2), ("savedmodel", "score", None, 2)]
 
 
 def test_decode_rows_put_the_reference_first_and_beam_rows_per_alpha(decode_bench):
@@ -331,3 +347,34 @@ def test_export_benchmark_gives_medians_and_refuses_repeats_that_disagree(tmp_pa
         export.summarize([export_repeat(9.0, 2.0), export_repeat(9.0, 2.0, loops=7)])
     with pytest.raises(SystemExit):
         export.parse_args(["--run", str(tmp_path)])  # no config.yaml: not a run
+
+
+def test_decode_step_counts_a_loop_body_with_its_larger_branch_and_fits_a_line():
+    import tensorflow as tf
+
+    bench = load_benchmark("decode_step")
+
+    def graph(extra_adds: int):
+        def branch(x):
+            x = x * 2.0 + 1.0
+            for value in range(extra_adds):
+                x = x + float(value + 3)
+            return x
+
+        @tf.function(autograph=False)
+        def loop(x):
+            def body(step, x):
+                return step + 1, tf.sin(tf.cond(x[0] > 0, lambda: branch(x), lambda: x))
+
+            return tf.while_loop(lambda step, _: step < 3, body, (tf.constant(0), x))
+
+        return loop.get_concrete_function(tf.TensorSpec([1])).graph.as_graph_def()
+
+    counts = []
+    for extra in (0, 2):
+        graph_def = graph(extra)
+        (body,) = bench.loop_bodies(graph_def)
+        counts.append(bench.body_ops(graph_def, body))
+    assert counts[1] - counts[0] == 2 * 2  # each add: a constant and the add, in the branch
+    assert bench.fit_line([1, 2, 3], [3.0, 5.0, 7.0]) == pytest.approx((1.0, 2.0))
+    assert bench.per_op_seconds(4, 8, steps=50) > 0
