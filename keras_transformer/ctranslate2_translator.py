@@ -206,21 +206,17 @@ class CTranslate2Translator:
         [batch] (log P / lp, the export's alpha), "tokens": int32 [batch] (END included)}`; the
         target normalized and tokenized as translations are, truncated to the model's positions
         with END kept."""
-        sources, targets = _strings(sources), _strings(targets)
-        if len(sources) != len(targets):
-            raise ConfigError(f"{len(sources)} sources for {len(targets)} targets")
-        source_pieces = [self._source_pieces(normalize(text)) or [] for text in sources]
-        target_pieces = [self.processor.encode(normalize(text).decode("utf-8"), out_type=str)[
-            :self.max_positions - 1] for text in targets]
+        source_pieces, target_pieces = self._pair_pieces(sources, targets)
         results = self.translator.score_batch(
             source_pieces, target_pieces, max_input_length=0,
-            max_batch_size=self.options["max_batch_size"]) if sources else []
+            max_batch_size=self.options["max_batch_size"]) if source_pieces else []
         scores = np.array([sum(result.log_probs) for result in results], np.float32)
         tokens = np.array([len(pieces) + 1 for pieces in target_pieces], np.int32)
-        return {"score": scores.reshape(len(sources)),
+        count = len(source_pieces)
+        return {"score": scores.reshape(count),
                 "normalized_score": (scores / length_penalty(tokens, self.alpha)).astype(
-                    np.float32).reshape(len(sources)),
-                "tokens": tokens.reshape(len(sources))}
+                    np.float32).reshape(count),
+                "tokens": tokens.reshape(count)}
 
     def align(self, sources, targets) -> dict:
         """Word alignments of given translations, as `Translator.align` defines them
@@ -246,16 +242,11 @@ class CTranslate2Translator:
 
     def _word_attention(self, sources, targets) -> list[np.ndarray]:
         """Per pair, `word_alignment.word_attention` of CTranslate2's attention."""
-        sources, targets = _strings(sources), _strings(targets)
-        if len(sources) != len(targets):
-            raise ConfigError(f"{len(sources)} sources for {len(targets)} targets")
-        source_pieces = [self._source_pieces(normalize(text)) or [] for text in sources]
-        target_pieces = [self.processor.encode(normalize(text).decode("utf-8"), out_type=str)[
-            :self.max_positions - 1] for text in targets]
+        source_pieces, target_pieces = self._pair_pieces(sources, targets)
         results = self.translator.translate_batch(
             source_pieces, target_prefix=[pieces or None for pieces in target_pieces],
             beam_size=1, max_decoding_length=max(map(len, target_pieces), default=0) + 1,
-            return_attention=True, **self.options) if sources else []
+            return_attention=True, **self.options) if source_pieces else []
         matrices = []
         for source, target, result in zip(source_pieces, target_pieces, results):
             # rows: the target's pieces, then END; columns: the source's pieces (CTranslate2
@@ -301,6 +292,18 @@ class CTranslate2Translator:
             for index, result in zip(indices, decode([sources[i] for i in indices], cap)):
                 results[index] = _cut(result, caps[index])
         return results
+
+    def _pair_pieces(self, sources, targets) -> tuple[list, list]:
+        """Line-aligned sources and given translations -> (source pieces, target pieces), as
+        `Translator.score` and `align` read them: each normalized and tokenized, a source
+        truncated as translation truncates it ([] without words), a target to the model's
+        positions with END kept."""
+        sources, targets = _strings(sources), _strings(targets)
+        if len(sources) != len(targets):
+            raise ConfigError(f"{len(sources)} sources for {len(targets)} targets")
+        return ([self._source_pieces(normalize(text)) or [] for text in sources],
+                [self.processor.encode(normalize(text).decode("utf-8"), out_type=str)[
+                    :self.max_positions - 1] for text in targets])
 
     def _source_pieces(self, source: bytes) -> list[str] | None:
         """The pieces of a normalized source, truncated so that with START and END they fit
