@@ -38,4 +38,4 @@ guide: install  ## docs/guide.ipynb rebuilt from docs/guide.py and run at full s
 	$(BIN)/python docs/build_guide.py --size $(GUIDE_SIZE) --notebook docs/guide.ipynb
 
 clean:
-	rm -rf $(VENV) *.egg-info runs/demo docs/_build
+	rm -rf $(VENV) *.egg-info runs/demo docs/_build docs/_generated

@@ -75,8 +75,10 @@ def _copy_results(target=os.path.join(DOCS, "_generated", "experiments")):
         return [name for name in names
                 if not (name.endswith((".md", ".png")) or (top and name == "log"))]
 
-    shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(os.path.join(REPO, "experiments"), target, ignore=ignored)
+    # Copied over what is there, never deleted first: a test that lists docs/ while a build
+    # runs beside it must not meet a folder that vanishes (`make clean` removes it).
+    shutil.copytree(os.path.join(REPO, "experiments"), target, ignore=ignored,
+                    dirs_exist_ok=True)
 
 
 _copy_results()

@@ -49,10 +49,11 @@ def cell_with(notebook, code: str):
 
 
 def repository_files() -> set:
-    """The repository's top-level entries and the files in docs/ (where the kernel runs)."""
+    """The repository's top-level entries and the files in docs/ (where the kernel runs), but
+    for what builds write there (the docs build's `_build` and `_generated`, bytecode)."""
     return {path.name for path in REPO_ROOT.iterdir()} | {
         str(path.relative_to(REPO_ROOT)) for path in (REPO_ROOT / "docs").rglob("*")
-        if "_build" not in path.parts and "__pycache__" not in path.parts}
+        if not {"_build", "_generated", "__pycache__"} & set(path.parts)}
 
 
 def has_png(cell) -> bool:
