@@ -470,7 +470,8 @@ alignment = translator.align(tf.constant(sources[:1]), tf.constant([best]))["ali
 print("alignment:", alignment.numpy()[0].decode("utf-8"))
 source_words, target_words = sources[0].split(), best.split()
 matrix = translator.word_attention(sources[:1], [best])[0].numpy()
-matrix = matrix[:len(target_words), :len(source_words)]  # [target words, source words]
+matrix = matrix[:len(target_words), :len(source_words)]  # [target words, source words], cut
+target_words, source_words = target_words[:len(matrix)], source_words[:matrix.shape[1]]
 figure, axes = plt.subplots(figsize=(0.6 * len(source_words) + 2, 0.45 * len(target_words) + 1.5))
 axes.imshow(matrix, cmap="Blues", vmin=0.0)
 axes.scatter(matrix.argmax(axis=1), range(len(target_words)), marker="s", s=150,
