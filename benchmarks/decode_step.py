@@ -128,16 +128,15 @@ def main(argv=None) -> int:
     from keras_transformer.ctranslate2_translator import CTranslate2Translator
     from keras_transformer.export import export_translator, load_translator
     from keras_transformer.runs import Run
-    from keras_transformer.text_io import read_lines
     from keras_transformer.translator import translator_from_run
 
     try:
         translator = translator_from_run(args.run, weights=args.weights)
     except ConfigError as error:
         raise SystemExit(f"decode_step.py: {error}") from None
-    source_lang = Run(args.run).config.data.source_lang
-    sentences = list(read_lines(Path(args.data_dir) / f"test_2016_flickr.{source_lang}.gz"))[
-        :args.limit]
+    from decode import read_sentences  # the sibling benchmark's, on sys.path as a script
+
+    sentences = read_sentences(args.data_dir, Run(args.run).config.data.source_lang, args.limit)
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     cpu = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines()
                 if line.startswith("Model name")), "unknown CPU")
