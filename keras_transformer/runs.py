@@ -46,6 +46,7 @@ import h5py
 import numpy as np
 
 from keras_transformer import data as data_lib
+from keras_transformer import legacy_weights
 from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig
 from keras_transformer.model import Transformer
 from keras_transformer.text_io import errno_of, first_line, write_error
@@ -675,7 +676,8 @@ def load_weights(model: Transformer, path: str | os.PathLike, config: ModelConfi
                 raise ConfigError(f"{path} was trained with model.{name}={trained[name]!r}, but "
                                   f"{where} has model.{name}={getattr(config, name)!r}")
     try:
-        model.load_weights(path)
+        with legacy_weights.loadable(path, model) as loadable_path:
+            model.load_weights(loadable_path)
     except (OSError, KeyError, RuntimeError) as error:
         raise DamagedWeightsError(f"{path} is damaged ({first_line(error)})") from None
     except ValueError as error:
@@ -737,13 +739,14 @@ def _epoch_of(path: Path) -> int:
 
 def _comparable(config: ExperimentConfig) -> dict:
     """The config without what training fills in (vocabulary sizes), may extend (epochs),
-    only changes what TensorBoard shows (log_every_steps) or says where the same data is
-    cached (tfds_data_dir: a machine's folder, not the data)."""
+    only changes what TensorBoard shows (log_every_steps, profile_batches) or says where the
+    same data is cached (tfds_data_dir: a machine's folder, not the data)."""
     values = config.to_dict()
     for key in ("source_vocab_size", "target_vocab_size"):
         values["model"].pop(key)
     values["train"].pop("epochs")
     values["train"].pop("log_every_steps")
+    values["train"].pop("profile_batches")
     values["data"].pop("tfds_data_dir")
     return values
 

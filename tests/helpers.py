@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from keras_transformer import legacy_weights
 from keras_transformer.config import REPO_ROOT, ExperimentConfig
 
 
@@ -50,8 +51,8 @@ def seeded_tiny_model(tokenizer, *, seed: int, norm: str = "post", share: str = 
     model = Transformer(config)
     model.build()
     rng = np.random.default_rng(seed)
-    weights = []
-    for w in model.get_weights():
+
+    def draw(w):
         if w.ndim >= 2:
             limit = np.sqrt(6.0 / (w.shape[0] + np.prod(w.shape[1:])))
             w = rng.uniform(-limit, limit, w.shape)
@@ -59,7 +60,26 @@ def seeded_tiny_model(tokenizer, *, seed: int, norm: str = "post", share: str = 
                 w = w * output_scale
         elif perturb_vectors:
             w = w + rng.normal(0.0, 0.1, w.shape)
-        weights.append(w.astype(np.float32))
+        return w.astype(np.float32)
+
+    # Drawn in the order and shapes of the attention layout before issue 71 (per-head kernels
+    # [d_model, heads, head_dim]), then fused: the same seed gives the same model as then.
+    d, heads = config.d_model, config.num_heads
+    head = (heads, d // heads)
+    legacy_shapes = [(d, *head), head] * 3 + [(*head, d), (d,)]
+    weights, variables = [], model.weights
+    i = 0
+    while i < len(variables):
+        path = variables[i].path
+        fused = next((name for name in ("qkv", "q") if path.endswith(f"/{name}/kernel")), None)
+        if fused is None:
+            weights.append(draw(variables[i].numpy()))
+            i += 1
+            continue
+        projections = legacy_weights.fuse_projections(
+            [draw(np.zeros(shape)) for shape in legacy_shapes], self_attention=fused == "qkv")
+        weights += [array for pair in projections.values() for array in pair]
+        i += 2 * len(projections)
     model.set_weights(weights)
     return model
 

@@ -93,7 +93,41 @@ def test_global_self_attention_ignores_masked_keys():
 def test_attention_uses_papers_head_width():
     layer = layers.CrossAttention(d_model=D_MODEL, num_heads=HEADS)
     layer(np.zeros((1, 2, D_MODEL), "float32"), np.zeros((1, 3, D_MODEL), "float32"))
-    assert layer.mha.key_dim == D_MODEL // HEADS
+    assert layer.head_dim == D_MODEL // HEADS
+    assert tuple(layer.q.kernel.shape) == (D_MODEL, D_MODEL)
+    assert tuple(layer.kv.kernel.shape) == (D_MODEL, 2 * D_MODEL)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_computes_keras_multi_head_attention(causal):
+    """The fused projections compute what keras.layers.MultiHeadAttention computes with the
+    same weights (the paper's attention, heads of d_model / h dimensions)."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 5, D_MODEL)).astype("float32")
+    mask = np.array([[True] * 5, [True] * 3 + [False] * 2])
+    layer = (layers.CausalSelfAttention if causal else layers.GlobalSelfAttention)(
+        d_model=D_MODEL, num_heads=HEADS, dropout=0.0)
+    layer.build(x.shape)
+    for variable in layer.trainable_variables:
+        variable.assign(rng.normal(scale=0.3, size=variable.shape))
+    mha = keras.layers.MultiHeadAttention(num_heads=HEADS, key_dim=D_MODEL // HEADS)
+    mha.build(x.shape, x.shape)
+    head = (D_MODEL, HEADS, D_MODEL // HEADS)
+    projections = layer.projections()
+    for dense, name in ((mha.query_dense, "query"), (mha.key_dense, "key"),
+                        (mha.value_dense, "value")):
+        kernel, bias = projections[name]
+        dense.set_weights([kernel.numpy().reshape(head), bias.numpy().reshape(head[1:])])
+    kernel, bias = projections["output"]
+    mha.output_dense.set_weights([kernel.numpy().reshape(head[1:] + head[:1]), bias.numpy()])
+    if causal:
+        y = mha(x, x, use_causal_mask=True)
+        ours = layer(x)
+    else:
+        y = mha(x, x, attention_mask=mask[:, None, :])
+        ours = layer(x, padding_mask=mask)
+    expected = layer.layernorm(x + y)
+    np.testing.assert_allclose(ours.numpy(), expected.numpy(), atol=1e-5)
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu"])

@@ -1,28 +1,30 @@
 """Multi-head attention sublayers (section 3.2): encoder self-attention, masked decoder
 self-attention and encoder-decoder (cross) attention, each wrapped in its residual connection.
 
-Each layer holds its training computation (`call`, through `keras.layers.MultiHeadAttention`)
-and beside it its decoding computation over its own weights' tensors (`inference_weights`,
-then `packed_call` in the encoder, `step` in the decoder): one fused q|k|v projection with the
-query pre-scaled by 1/sqrt(head_dim), as CTranslate2 and fairseq do; head-major
-`[batch, heads, length, head_dim]` keys and values, so that a cache is reshaped and never
-transposed; in pre-norm layers the LayerNorm's scale and offset folded into the projection that
-reads it. Decoding inside a `tf.while_loop` is bound by the number of ops per step, which these
-steps keep small; tests check them against the teacher-forced `call`.
+Each layer computes training and decoding with one function, `attend`, over one set of weights:
+a fused q|k|v projection (self-attention) or a query and a fused k|v projection
+(cross-attention), as CTranslate2, fairseq and OpenNMT-tf store them, with the query scaled by
+1/sqrt(head_dim) in the kernel. `call` (training, teacher forcing) reads the weights from the
+variables (`layer_weights`) at every call; the decoding steps (`packed_call` in the encoder,
+`step` in the decoder) read them once per batch as tensors (`inference_weights`, where a pre-norm
+LayerNorm's scale and offset are also folded into the projection that reads it). Keys and values
+are head-major `[batch, heads, length, head_dim]`, so that a cache grows by a concat and is never
+transposed, and one position per row is split into heads by a reshape alone: decoding inside a
+`tf.while_loop` is bound by the number of ops per step.
 
-Padding is always masked with an explicit `attention_mask`, never with Keras' implicit masks:
-`keras.layers.MultiHeadAttention` drops the implicit mask of its key/value inputs after the first
-use, so cross-attention in every decoder layer but the first would attend to source padding.
+Padding is always masked with an explicit additive bias (`attention_bias`), never with Keras'
+implicit masks.
 """
 
 import math
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.normalization import LAYER_NORM_EPSILON, LayerNormalization, fold_norm
-from keras_transformer.layers.ops import matmul, value
+from keras_transformer.layers.ops import dense, matmul, value
 from keras_transformer.layers.residual import residual_connection, residual_input, residual_output
 
 # What keras.ops.dot_product_attention fills masked float32 logits with.
@@ -34,6 +36,13 @@ def attention_bias(mask):
     logits, it gives exactly the masked logits (a logit is far below half an ulp of the bias),
     and an add costs less than a broadcasting select at every step."""
     return tf.where(mask, 0.0, LARGE_NEGATIVE)
+
+
+def causal_bias(length):
+    """`attention_bias` of the causal mask: float32 `[1, 1, length, length]`, position t sees
+    positions <= t."""
+    mask = tf.linalg.band_part(tf.ones([length, length], tf.bool), -1, 0)
+    return attention_bias(mask)[None, None]
 
 
 def attention_weights(q, key, bias):
@@ -70,7 +79,14 @@ class BaseAttention(keras.layers.Layer):
         num_heads: number of attention heads.
         dropout: rate on the attention output before the residual sum.
         norm: "post" (the paper) or "pre" LayerNorm placement.
+
+    The projections are `keras.layers.Dense` weights that `attend` reads (their `call` is never
+    used), initialized as `keras.layers.MultiHeadAttention` initializes its per-head kernels:
+    Glorot-uniform over `[d_model, heads, head_dim]` for each input projection and
+    `[heads, head_dim, d_model]` for the output.
     """
+
+    input_projections: dict  # attribute name -> number of d_model-wide parts (set by subclasses)
 
     def __init__(self, *, d_model, num_heads, dropout=0.1, norm="post", **kwargs):
         super().__init__(**kwargs)
@@ -79,17 +95,26 @@ class BaseAttention(keras.layers.Layer):
         self.dropout = dropout
         self.norm = norm
         self.head_dim = d_model // num_heads
-        self.mha = keras.layers.MultiHeadAttention(
-            num_heads=num_heads, key_dim=self.head_dim, dtype=self.dtype_policy, name="mha")
+        for name, parts in self.input_projections.items():  # per head: [d_model, head_dim]
+            setattr(self, name, self._projection(parts * d_model, name,
+                                                 fans=d_model * (num_heads + self.head_dim)))
+        self.out = self._projection(d_model, "out", fans=d_model * (1 + num_heads))
         self.layernorm = LayerNormalization(
             epsilon=LAYER_NORM_EPSILON, dtype=self.dtype_policy, name="layernorm")
         self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy)
 
-    def build(self, input_shape):
-        self._build(input_shape, input_shape)
+    def _projection(self, units, name, *, fans):
+        limit = math.sqrt(6.0 / fans)
+        return keras.layers.Dense(
+            units, kernel_initializer=keras.initializers.RandomUniform(-limit, limit),
+            dtype=self.dtype_policy, name=name)
 
-    def _build(self, x_shape, context_shape):
-        self.mha.build(x_shape, context_shape)
+    def build(self, input_shape):
+        self._build(input_shape)
+
+    def _build(self, x_shape):
+        for name in (*self.input_projections, "out"):
+            getattr(self, name).build((None, self.d_model))
         self.layernorm.build(x_shape)
         self.built = True
 
@@ -97,34 +122,79 @@ class BaseAttention(keras.layers.Layer):
         return residual_connection(x, sublayer, layernorm=self.layernorm,
                                    dropout=self.dropout_layer, norm=self.norm, training=training)
 
-    def projections(self, dtype=None) -> dict:
-        """The four projections as `{"query", "key", "value", "output"}: (kernel, bias)`, read
-        as `x @ kernel + bias`: kernels `[d_model, d_model]` (heads major in the output of the
-        query, key and value kernels and in the input of the output kernel), biases `[d_model]`;
-        in `dtype` (default: the variables'). What the decoding steps fuse and the CTranslate2
-        export transposes."""
-        d, mha = self.d_model, self.mha
-        denses = {"query": mha.query_dense, "key": mha.key_dense, "value": mha.value_dense,
-                  "output": mha.output_dense}
-        dtype = dtype or tf.as_dtype(mha.query_dense.kernel.dtype)
-        return {name: (tf.reshape(value(dense.kernel, dtype), [d, d]),
-                       tf.reshape(value(dense.bias, dtype), [d]))
-                for name, dense in denses.items()}
+    def layer_weights(self, dtype) -> dict:
+        """The weights `attend` reads, tensors of `dtype` read from the variables: each input
+        projection `{name}_kernel` `[d_model, parts * d_model]` and `{name}_bias`, its query
+        part scaled by 1/sqrt(head_dim), and `out_kernel` `[d_model, d_model]`, `out_bias`."""
+        dtype = tf.as_dtype(dtype)
+        weights = {}
+        for name, parts in self.input_projections.items():
+            layer = getattr(self, name)
+            # the query comes first in q|k|v and in q
+            scale = np.ones(parts * self.d_model, np.float32)
+            scale[:self.d_model] = self._scale() if name in ("qkv", "q") else 1.0
+            weights[f"{name}_kernel"] = value(layer.kernel, dtype) * tf.constant(scale, dtype)
+            weights[f"{name}_bias"] = value(layer.bias, dtype) * tf.constant(scale, dtype)
+        weights["out_kernel"] = value(self.out.kernel, dtype)
+        weights["out_bias"] = value(self.out.bias, dtype)
+        return weights
 
-    def _output_weights(self, projections, weights: dict, first_projection: str) -> dict:
-        """Adds the output projection and the norm to `weights`; pre-norm: folds the norm into
-        the sublayer's first projection, `{first_projection}_kernel` and `_bias`."""
-        weights["out_kernel"], weights["out_bias"] = projections["output"]
+    def inference_weights(self, dtype) -> dict:
+        """`layer_weights(dtype)` for the decoding steps: with post-norm also the LayerNorm's
+        `norm`; with pre-norm the LayerNorm folded into the first input projection."""
+        weights = self.layer_weights(dtype)
         norm = self.layernorm.inference_weights()
         if self.norm == "pre":
-            kernel, bias = f"{first_projection}_kernel", f"{first_projection}_bias"
+            first = next(iter(self.input_projections))
+            kernel, bias = f"{first}_kernel", f"{first}_bias"
             weights[kernel], weights[bias] = fold_norm(norm, weights[kernel], weights[bias])
         else:
             weights["norm"] = norm
         return weights
 
+    def projections(self, dtype=None) -> dict:
+        """The four projections as `{"query", "key", "value", "output"}: (kernel, bias)`, read
+        as `x @ kernel + bias`, unscaled: kernels `[d_model, d_model]` (heads major in the
+        output of the query, key and value kernels and in the input of the output kernel),
+        biases `[d_model]`; in `dtype` (default: the variables'). What the CTranslate2 export
+        writes."""
+        dtype = tf.as_dtype(dtype or self.out.kernel.dtype)
+        names = iter(("query", "key", "value"))
+        result = {}
+        for name, parts in self.input_projections.items():
+            layer = getattr(self, name)
+            kernels = tf.split(value(layer.kernel, dtype), parts, axis=1)
+            biases = tf.split(value(layer.bias, dtype), parts)
+            result.update({next(names): pair for pair in zip(kernels, biases)})
+        result["output"] = (value(self.out.kernel, dtype), value(self.out.bias, dtype))
+        return result
+
     def _scale(self):
         return 1.0 / math.sqrt(float(self.head_dim))
+
+    def _split_heads(self, x, parts, length=1):
+        """`x` `[batch, length, parts * d_model]`, or its rows `[batch * length, parts *
+        d_model]` with a static `length`, -> `parts` tensors `[batch, heads, length, head_dim]`.
+        One position per row (rows, `length` 1) needs a reshape alone: a row is heads-major in
+        memory."""
+        heads, head_dim = self.num_heads, self.head_dim
+        if x.shape.rank == 3:
+            length = tf.shape(x)[1]
+        elif length == 1:
+            if parts == 1:
+                return [tf.reshape(x, [-1, heads, 1, head_dim])]
+            return tf.unstack(tf.reshape(x, [-1, parts, heads, 1, head_dim]), axis=1)
+        if parts == 1:
+            return [tf.transpose(tf.reshape(x, [-1, length, heads, head_dim]), [0, 2, 1, 3])]
+        x = tf.reshape(x, [-1, length, parts, heads, head_dim])
+        return tf.unstack(tf.transpose(x, [2, 0, 3, 1, 4]))
+
+    def _merge_heads(self, y, rows):
+        """`_split_heads`' inverse for one part: `[batch, heads, length, head_dim]` ->
+        `[batch, length, d_model]`, or with `rows` `[batch * length, d_model]`."""
+        if y.shape[2] != 1:
+            y = tf.transpose(y, [0, 2, 1, 3])
+        return tf.reshape(y, [-1, self.d_model] if rows else [tf.shape(y)[0], -1, self.d_model])
 
     def compute_output_shape(self, *shapes, **named_shapes):
         # The input's shape, however the build arguments name it (`summary()` passes them by
@@ -139,19 +209,37 @@ class BaseAttention(keras.layers.Layer):
 
 
 class _SelfAttention(BaseAttention):
-    """What the encoder's and the decoder's self-attention share: one fused q|k|v projection
-    in the decoding steps."""
+    """What the encoder's and the decoder's self-attention share: one fused q|k|v projection,
+    `qkv`."""
 
-    def inference_weights(self, dtype) -> dict:
-        """The weights the decoding steps read, tensors of `dtype`: a fused, query-scaled
-        `qkv_kernel` `[d_model, 3 d_model]` and `qkv_bias` `[3 d_model]`, `out_kernel`
-        `[d_model, d_model]` and `out_bias`, and (post-norm) the LayerNorm's `norm`."""
-        projections, scale = self.projections(dtype), self._scale()
-        (q_kernel, q_bias), (k_kernel, k_bias), (v_kernel, v_bias) = (
-            projections[name] for name in ("query", "key", "value"))
-        weights = {"qkv_kernel": tf.concat([q_kernel * scale, k_kernel, v_kernel], axis=1),
-                   "qkv_bias": tf.concat([q_bias * scale, k_bias, v_bias], axis=0)}
-        return self._output_weights(projections, weights, "qkv")
+    input_projections = {"qkv": 3}
+
+    def attend(self, weights, h, bias, cache=None, packing=None):
+        """The sublayer, without its residual connection: multi-head self-attention of `h`.
+
+        Args:
+            weights: `layer_weights(dtype)` or `inference_weights(dtype)`.
+            h: `[batch, length, d_model]`; with `packing`, the real tokens' rows `[tokens,
+                d_model]`; with `cache`, one position per row `[batch, d_model]`.
+            bias: `attention_bias`, broadcastable to `[batch, heads, length, keys]`, or None.
+            cache: `{"key", "value"}` `[batch, heads, t, head_dim]`, the positions before.
+            packing: a `layers.ops.Packing` of the mask of `h`'s batch.
+
+        Returns:
+            The output, shaped as `h`, and the cache with the new position (None without one).
+        """
+        qkv = dense(h, weights["qkv_kernel"], weights["qkv_bias"])
+        if packing is not None:
+            qkv = tf.reshape(packing.unpack(qkv), [packing.batch, packing.length, -1])
+        q, k, v = self._split_heads(qkv, 3)
+        if cache is not None:
+            k = tf.concat([cache["key"], k], axis=2)
+            v = tf.concat([cache["value"], v], axis=2)
+            cache = {"key": k, "value": v}
+        y = self._merge_heads(dot_product_attention(q, k, v, bias), rows=h.shape.rank == 2)
+        if packing is not None:
+            y = packing.pack(y)
+        return dense(y, weights["out_kernel"], weights["out_bias"]), cache
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -167,10 +255,9 @@ class GlobalSelfAttention(_SelfAttention):
     """
 
     def call(self, x, padding_mask=None, training=None):
-        attention_mask = None if padding_mask is None else padding_mask[:, None, :]
-        return self._residual(
-            x, lambda h: self.mha(h, h, attention_mask=attention_mask, training=training),
-            training)
+        bias = None if padding_mask is None else attention_bias(padding_mask[:, None, None, :])
+        weights = self.layer_weights(self.compute_dtype)
+        return self._residual(x, lambda h: self.attend(weights, h, bias)[0], training)
 
     def packed_call(self, weights, x, packing, bias):
         """`call` for inference on the real tokens' rows.
@@ -184,14 +271,7 @@ class GlobalSelfAttention(_SelfAttention):
         Returns:
             `[tokens, d_model]`.
         """
-        heads, head_dim = self.num_heads, self.head_dim
-        h = residual_input(x, self.norm)
-        qkv = packing.unpack(matmul(h, weights["qkv_kernel"]) + weights["qkv_bias"])
-        qkv = tf.transpose(tf.reshape(qkv, [packing.batch, packing.length, 3, heads, head_dim]),
-                           [2, 0, 3, 1, 4])  # [3, batch, heads, len, head_dim]
-        y = dot_product_attention(qkv[0], qkv[1], qkv[2], bias)  # [batch, heads, len, head_dim]
-        y = packing.pack(tf.reshape(tf.transpose(y, [0, 2, 1, 3]), [-1, self.d_model]))
-        y = matmul(y, weights["out_kernel"]) + weights["out_bias"]
+        y, _ = self.attend(weights, residual_input(x, self.norm), bias, packing=packing)
         return residual_output(x, y, self.norm, weights)
 
 
@@ -210,8 +290,9 @@ class CausalSelfAttention(_SelfAttention):
     """
 
     def call(self, x, training=None):
-        return self._residual(
-            x, lambda h: self.mha(h, h, use_causal_mask=True, training=training), training)
+        bias = causal_bias(tf.shape(x)[1])
+        weights = self.layer_weights(self.compute_dtype)
+        return self._residual(x, lambda h: self.attend(weights, h, bias)[0], training)
 
     def init_cache(self, batch_size, dtype) -> dict:
         """Empty keys and values `{"key", "value"}`, each `[batch, heads, 0, head_dim]`: the
@@ -231,16 +312,8 @@ class CausalSelfAttention(_SelfAttention):
         Returns:
             `([batch, d_model], cache)`, the cache `[batch, heads, t + 1, head_dim]`.
         """
-        heads, head_dim = self.num_heads, self.head_dim
-        h = residual_input(x, self.norm)
-        qkv = matmul(h, weights["qkv_kernel"]) + weights["qkv_bias"]
-        # [batch, d_model] is [batch, heads, 1, head_dim] in memory: a reshape, no transpose
-        q, k, v = tf.unstack(tf.reshape(qkv, [-1, 3, heads, 1, head_dim]), axis=1)
-        key = tf.concat([cache["key"], k], axis=2)
-        value = tf.concat([cache["value"], v], axis=2)
-        y = tf.reshape(dot_product_attention(q, key, value, None), [-1, self.d_model])
-        y = matmul(y, weights["out_kernel"]) + weights["out_bias"]
-        return residual_output(x, y, self.norm, weights), {"key": key, "value": value}
+        y, cache = self.attend(weights, residual_input(x, self.norm), None, cache=cache)
+        return residual_output(x, y, self.norm, weights), cache
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -256,51 +329,68 @@ class CrossAttention(BaseAttention):
         `[batch, target_len, d_model]`.
     """
 
-    def build(self, x_shape, context_shape):
-        self._build(x_shape, context_shape)
+    input_projections = {"q": 1, "kv": 2}
+
+    def build(self, x_shape, context_shape=None):
+        self._build(x_shape)
 
     def call(self, x, context, context_mask=None, training=None):
-        attention_mask = None if context_mask is None else context_mask[:, None, :]
-        return self._residual(
-            x, lambda h: self.mha(h, context, attention_mask=attention_mask, training=training),
-            training)
+        weights = self.layer_weights(self.compute_dtype)
+        memory = self.precompute(weights, context)
+        bias = None if context_mask is None else attention_bias(context_mask[:, None, None, :])
+        return self._residual(x, lambda h: self.attend(weights, h, memory, bias), training)
 
     def attention_scores(self, x, context, context_mask=None):
-        """Attention weights `[batch, heads, target_len, source_len]` (for inspection)."""
-        query = self.layernorm(x) if self.norm == "pre" else x
-        attention_mask = None if context_mask is None else context_mask[:, None, :]
-        _, scores = self.mha(query, context, attention_mask=attention_mask,
-                             return_attention_scores=True)
+        """Attention weights float32 `[batch, heads, target_len, source_len]` (for
+        inspection)."""
+        weights = self.layer_weights(self.compute_dtype)
+        bias = None if context_mask is None else attention_bias(context_mask[:, None, None, :])
+        h = self.layernorm(x) if self.norm == "pre" else x
+        _, scores = self.attend(weights, h, self.precompute(weights, context), bias,
+                                return_weights=True)
         return scores
 
-    def inference_weights(self, dtype) -> dict:
-        """The weights the decoding steps read, tensors of `dtype`: the query-scaled `q_kernel`
-        `[d_model, d_model]` and `q_bias`, a fused `kv_kernel` `[d_model, 2 d_model]` and
-        `kv_bias`, `out_kernel` and `out_bias`, and (post-norm) the LayerNorm's `norm`."""
-        projections, scale = self.projections(dtype), self._scale()
-        (q_kernel, q_bias), (k_kernel, k_bias), (v_kernel, v_bias) = (
-            projections[name] for name in ("query", "key", "value"))
-        weights = {"q_kernel": q_kernel * scale, "q_bias": q_bias * scale,
-                   "kv_kernel": tf.concat([k_kernel, v_kernel], axis=1),
-                   "kv_bias": tf.concat([k_bias, v_bias], axis=0)}
-        return self._output_weights(projections, weights, "q")
-
-    def precompute(self, weights, context, packing) -> dict:
+    def precompute(self, weights, context, packing=None) -> dict:
         """The keys and values of the encoder output, once per batch.
 
         Args:
-            weights: `inference_weights(dtype)`.
-            context: the encoder output's real tokens `[tokens, d_model]`, rows of `packing`.
+            weights: `layer_weights(dtype)` or `inference_weights(dtype)`.
+            context: the encoder output `[batch, source_len, d_model]`, or with `packing` its
+                real tokens' rows `[tokens, d_model]`.
             packing: a `layers.ops.Packing` of the source mask.
 
         Returns:
-            `{"key", "value"}`, each `[batch, heads, source_len, head_dim]` (at padded positions,
-            copies of a real token's, which the source mask's bias hides).
+            `{"key", "value"}`, each `[batch, heads, source_len, head_dim]` (with `packing`, at
+            padded positions copies of a real token's, which the source mask's bias hides).
         """
-        kv = packing.unpack(matmul(context, weights["kv_kernel"]) + weights["kv_bias"])
-        kv = tf.reshape(kv, [packing.batch, packing.length, 2, self.num_heads, self.head_dim])
-        kv = tf.transpose(kv, [2, 0, 3, 1, 4])  # [2, batch, heads, len, head_dim]
-        return {"key": kv[0], "value": kv[1]}
+        kv = dense(context, weights["kv_kernel"], weights["kv_bias"])
+        if packing is not None:
+            kv = tf.reshape(packing.unpack(kv), [packing.batch, packing.length, -1])
+        key, value_ = self._split_heads(kv, 2)
+        return {"key": key, "value": value_}
+
+    def attend(self, weights, h, memory, bias, return_weights=False, beams=1):
+        """The sublayer, without its residual connection: `h` attends to `memory`.
+
+        Args:
+            weights: `layer_weights(dtype)` or `inference_weights(dtype)`.
+            h: `[batch, length, d_model]`, or rows `[batch * beams, d_model]`: one position of
+                each of a sentence's `beams` hypotheses, which attend to its memory together
+                as the positions of a sequence would.
+            memory: `precompute`'s keys and values, one row per sentence.
+            bias: `attention_bias` of the source mask, `[batch, 1, 1, source_len]`, or None.
+            return_weights: also return the attention weights.
+
+        Returns:
+            The output, shaped as `h`, and with `return_weights` the attention weights float32
+            `[batch, heads, length, source_len]` (length `beams` for rows).
+        """
+        q = self._split_heads(dense(h, weights["q_kernel"], weights["q_bias"]), 1, beams)[0]
+        y, probs = dot_product_attention(q, memory["key"], memory["value"], bias,
+                                         return_weights=True)
+        y = dense(self._merge_heads(y, rows=h.shape.rank == 2), weights["out_kernel"],
+                  weights["out_bias"])
+        return (y, probs) if return_weights else y
 
     def step(self, weights, x, memory, bias, beams=1, return_attention=False):
         """Decodes one position: `call` over precomputed keys and values.
@@ -310,7 +400,8 @@ class CrossAttention(BaseAttention):
             x: `[batch * beams, d_model]`, one position per row.
             memory: `precompute`'s keys and values, one row per sentence: the `beams`
                 consecutive rows of `x` (the beams of one sentence) attend to one row together,
-                one `[beams, source_len]` attention per sentence and head, no tiled copies.
+                as the positions of a sequence would: one `[beams, source_len]` attention per
+                sentence and head, no tiled copies.
             bias: `attention_bias` of the source mask, `[batch, 1, 1, source_len]`.
             return_attention: also return the attention weights, averaged over the heads.
 
@@ -318,19 +409,8 @@ class CrossAttention(BaseAttention):
             `[batch * beams, d_model]`, and with `return_attention` also the attention weights
             float32 `[batch * beams, source_len]` (word alignments read them).
         """
-        heads, head_dim, d = self.num_heads, self.head_dim, self.d_model
-        h = residual_input(x, self.norm)
-        q = matmul(h, weights["q_kernel"]) + weights["q_bias"]
-        if beams == 1:
-            y, probs = dot_product_attention(tf.reshape(q, [-1, heads, 1, head_dim]),
-                                             memory["key"], memory["value"], bias,
-                                             return_weights=True)
-        else:
-            q = tf.transpose(tf.reshape(q, [-1, beams, heads, head_dim]), [0, 2, 1, 3])
-            y, probs = dot_product_attention(q, memory["key"], memory["value"], bias,
-                                             return_weights=True)
-            y = tf.transpose(y, [0, 2, 1, 3])
-        y = matmul(tf.reshape(y, [-1, d]), weights["out_kernel"]) + weights["out_bias"]
+        y, probs = self.attend(weights, residual_input(x, self.norm), memory, bias,
+                               return_weights=True, beams=beams)
         y = residual_output(x, y, self.norm, weights)
         if not return_attention:
             return y

@@ -65,18 +65,18 @@ class PositionalEmbedding(keras.layers.Layer):
         )
         self.dropout_layer = Dropout(dropout, dtype=self.dtype_policy)
         self.positions = positional_encoding(max_positions, d_model)
+        # `embed` gathers rows of the float32 matrix and casts them, as keras.layers.Embedding
+        # does: autocasting would cast the whole matrix at every call
+        self.autocast = False
 
     def build(self, input_shape):
         self.token_embedding.build(input_shape)
         self.built = True
 
     def call(self, token_ids, start_position=0, training=None):
-        length = ops.shape(token_ids)[1]
-        x = self.token_embedding(token_ids)  # [batch, length, d_model]
-        x = x * ops.cast(math.sqrt(self.d_model), x.dtype)
-        positions = ops.slice(
-            ops.convert_to_tensor(self.positions), (start_position, 0), (length, self.d_model))
-        x = x + ops.cast(positions, x.dtype)[None]
+        positions = start_position + tf.range(tf.shape(token_ids)[1])
+        x = self.embed(self.inference_weights(), token_ids, positions,
+                       tf.as_dtype(self.compute_dtype))
         return self.dropout_layer(x, training=training)
 
     def inference_weights(self) -> dict:
@@ -86,8 +86,13 @@ class PositionalEmbedding(keras.layers.Layer):
                 "positions": tf.constant(self.positions)}
 
     def embed(self, weights, ids, positions, dtype):
-        """`call` for inference on rows: token ids int32 `[rows]` at `positions` (int32
-        `[rows]`, or a scalar for every row) -> `[rows, d_model]` in `dtype`."""
+        """`call` without dropout, what training and decoding both compute: token ids int32
+        `[rows]` at `positions` (int32 `[rows]`, or a scalar for every row) -> `[rows, d_model]`
+        in `dtype`; or ids `[batch, length]` at `positions` `[length]` -> `[batch, length,
+        d_model]`."""
+        ids = tf.convert_to_tensor(ids)
+        if not ids.dtype.is_integer:  # as keras.layers.Embedding: Keras builds with float inputs
+            ids = tf.cast(ids, tf.int32)
         x = tf.gather(weights["embeddings"], ids)  # [rows, d_model]
         if x.dtype != dtype:
             x = tf.cast(x, dtype)

@@ -6,12 +6,11 @@ import tensorflow as tf
 from keras_transformer.config import ACTIVATIONS
 from keras_transformer.layers.dropout import Dropout
 from keras_transformer.layers.normalization import LAYER_NORM_EPSILON, LayerNormalization, fold_norm
-from keras_transformer.layers.ops import matmul, value
+from keras_transformer.layers.ops import dense, value
 from keras_transformer.layers.residual import residual_connection, residual_input, residual_output
 
 # How each of `config.ACTIVATIONS` is computed: "relu" as in the paper (max(0, x)); "gelu"
 # (Hendrycks & Gimpel 2016, the exact erf form), as BERT and many later Transformers use.
-# Training runs Keras' own activation of that name, which computes the same op.
 ACTIVATION_FUNCTIONS = {"relu": tf.nn.relu, "gelu": lambda x: tf.nn.gelu(x, approximate=False)}
 
 
@@ -43,8 +42,8 @@ class FeedForward(keras.layers.Layer):
         self.dropout = dropout
         self.norm = norm
         self.activation = activation
-        self.inner = keras.layers.Dense(dff, activation=activation,
-                                        dtype=self.dtype_policy, name="inner")
+        # weights that `transform` reads (their `call` is never used)
+        self.inner = keras.layers.Dense(dff, dtype=self.dtype_policy, name="inner")
         self.outer = keras.layers.Dense(d_model, dtype=self.dtype_policy, name="outer")
         self.layernorm = LayerNormalization(
             epsilon=LAYER_NORM_EPSILON, dtype=self.dtype_policy, name="layernorm")
@@ -57,18 +56,25 @@ class FeedForward(keras.layers.Layer):
         self.built = True
 
     def call(self, x, training=None):
+        weights = self.layer_weights(self.compute_dtype)
         return residual_connection(
-            x, lambda h: self.outer(self.inner(h)), layernorm=self.layernorm,
+            x, lambda h: self.transform(weights, h), layernorm=self.layernorm,
             dropout=self.dropout_layer, norm=self.norm, training=training)
 
+    def layer_weights(self, dtype) -> dict:
+        """The weights `transform` reads, tensors of `dtype` read from the variables:
+        `inner_kernel` `[d_model, dff]`, `inner_bias`, `outer_kernel` `[dff, d_model]`,
+        `outer_bias`."""
+        dtype = tf.as_dtype(dtype)
+        return {"inner_kernel": value(self.inner.kernel, dtype),
+                "inner_bias": value(self.inner.bias, dtype),
+                "outer_kernel": value(self.outer.kernel, dtype),
+                "outer_bias": value(self.outer.bias, dtype)}
+
     def inference_weights(self, dtype) -> dict:
-        """The weights `packed_call` reads, tensors of `dtype`: `inner_kernel` `[d_model, dff]`,
-        `inner_bias`, `outer_kernel` `[dff, d_model]`, `outer_bias`, and (post-norm) the
-        LayerNorm's `norm` (pre-norm: folded into the inner projection)."""
-        weights = {"inner_kernel": value(self.inner.kernel, dtype),
-                   "inner_bias": value(self.inner.bias, dtype),
-                   "outer_kernel": value(self.outer.kernel, dtype),
-                   "outer_bias": value(self.outer.bias, dtype)}
+        """`layer_weights(dtype)` for the decoding steps: with post-norm also the LayerNorm's
+        `norm`; with pre-norm the LayerNorm folded into the inner projection."""
+        weights = self.layer_weights(dtype)
         norm = self.layernorm.inference_weights()
         if self.norm == "pre":
             weights["inner_kernel"], weights["inner_bias"] = fold_norm(
@@ -77,12 +83,17 @@ class FeedForward(keras.layers.Layer):
             weights["norm"] = norm
         return weights
 
+    def transform(self, weights, h):
+        """The sublayer, without its residual connection: `[..., d_model]` -> `[...,
+        d_model]`, with `weights` from `layer_weights` or `inference_weights`."""
+        h = ACTIVATION_FUNCTIONS[self.activation](
+            dense(h, weights["inner_kernel"], weights["inner_bias"]))
+        return dense(h, weights["outer_kernel"], weights["outer_bias"])
+
     def packed_call(self, weights, x):
         """`call` for inference on rows: `[rows, d_model]` -> `[rows, d_model]`, with
         `weights` from `inference_weights`."""
-        h = residual_input(x, self.norm)
-        h = ACTIVATION_FUNCTIONS[self.activation](matmul(h, weights["inner_kernel"]) + weights["inner_bias"])
-        y = matmul(h, weights["outer_kernel"]) + weights["outer_bias"]
+        y = self.transform(weights, residual_input(x, self.norm))
         return residual_output(x, y, self.norm, weights)
 
     def compute_output_shape(self, input_shape):

@@ -57,11 +57,8 @@ def layer_norm(x, gamma, beta, epsilon):
     """
 
     @tf.custom_gradient
-    def normalize(x, gamma, beta):
-        x32 = tf.cast(x, tf.float32)
-        centered = x32 - tf.reduce_mean(x32, axis=-1, keepdims=True)
-        inverse_std = tf.math.rsqrt(
-            tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True) + epsilon)
+    def scale_and_shift(x, gamma, beta):
+        centered, inverse_std = standardize(x, epsilon)
         x_hat = centered * inverse_std
 
         def grad(dy):
@@ -75,7 +72,18 @@ def layer_norm(x, gamma, beta, epsilon):
 
         return tf.cast(x_hat * gamma + beta, x.dtype), grad
 
-    return normalize(x, gamma, beta)
+    return scale_and_shift(x, gamma, beta)
+
+
+def standardize(x, epsilon=LAYER_NORM_EPSILON):
+    """The statistics both LayerNorms compute (`layer_norm` in training, `normalize` in
+    decoding), in float32 over the last axis of `x` `[..., d]`: `(x - mean, 1 / sqrt(variance
+    + epsilon))`, float32 `[..., d]` and `[..., 1]`."""
+    if x.dtype != tf.float32:
+        x = tf.cast(x, tf.float32)
+    centered = x - tf.reduce_mean(x, axis=-1, keepdims=True)
+    return centered, tf.math.rsqrt(tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
+                                   + epsilon)
 
 
 def normalize(x, norm=None):
@@ -91,17 +99,11 @@ def normalize(x, norm=None):
     Returns:
         `[..., d]`, the dtype of `x`.
     """
-    dtype = x.dtype
-    if dtype != tf.float32:
-        x = tf.cast(x, tf.float32)
-    centered = x - tf.reduce_mean(x, axis=-1, keepdims=True)
-    variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
-    if norm is None:
-        y = centered * tf.math.rsqrt(variance + LAYER_NORM_EPSILON)
-    else:
-        y = (centered * (tf.math.rsqrt(variance + LAYER_NORM_EPSILON) * norm["gamma"])
-             + norm["beta"])
-    return y if dtype == tf.float32 else tf.cast(y, dtype)
+    centered, inverse_std = standardize(x)
+    y = centered * (inverse_std if norm is None else inverse_std * norm["gamma"])
+    if norm is not None:
+        y += norm["beta"]
+    return y if x.dtype == tf.float32 else tf.cast(y, x.dtype)
 
 
 def fold_norm(norm: dict, kernel, bias):

@@ -1,5 +1,6 @@
-"""Tensor helpers of the layers' decoding steps (`step`, `packed_call`): reading weights, the
-matmul kernel choice, and the packed layout of a batch's real tokens. No model arithmetic."""
+"""Tensor helpers of the layers: reading weights, the matmul kernel choice, a dense projection
+over a tensor's last axis, and the packed layout of a batch's real tokens. No model
+arithmetic."""
 
 import keras
 import tensorflow as tf
@@ -26,6 +27,19 @@ def matmul(a, b, transpose_b=False):
     if a.dtype != tf.float32:
         return tf.matmul(a, b, transpose_b=transpose_b)
     return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=tf.float32, adj_y=transpose_b)
+
+
+def dense(x, kernel, bias):
+    """`x @ kernel + bias` over the last axis: `x` `[..., in]`, `kernel` `[in, out]`, `bias`
+    `[out]` -> `[..., out]`, as one 2-D matmul over the rows of `x`."""
+    if x.shape.rank == 2:
+        return matmul(x, kernel) + bias
+    shape = tf.shape(x)
+    y = matmul(tf.reshape(x, [-1, shape[-1]]), kernel) + bias
+    units = kernel.shape[-1]
+    y = tf.reshape(y, tf.concat([shape[:-1], [units if units is not None else -1]], axis=0))
+    y.set_shape(x.shape[:-1].concatenate([units]))
+    return y
 
 
 class Packing:
