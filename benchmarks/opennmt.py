@@ -36,8 +36,11 @@ those sizes, pre-norm or post-norm as `model.norm`, embeddings shared as
 sharing, as ours), `model.dropout` on the layers' outputs and the embeddings and none inside
 attention or the FFN (as ours); Adam (0.9, 0.98, 1e-9) on the Noam schedule with our warmup
 and `train.learning_rate_scale`, label smoothing `train.label_smoothing`, batches of
-`data.tokens_per_batch` tokens (`batch_type: tokens`, length buckets of `data.bucket_step`),
-float32 on a CPU without native bfloat16 (ours: `train.precision`, printed).
+`data.tokens_per_batch` tokens (`batch_type: tokens`, length buckets of `data.bucket_step`;
+--onmt-batch-size sets another, because OpenNMT-tf's batching fills a step with more target
+tokens than ours for the same budget: --profile-steps says how many), float32 on a CPU without
+native bfloat16 (ours: `train.precision`, printed; --set train.precision=float32 for equal
+precision on a CPU with bfloat16).
 
 The same evaluation: every --eval-steps optimizer steps (default the recipe's
 `train.steps_per_epoch`, our epoch), greedy decoding of the first --val-sentences validation
@@ -55,6 +58,15 @@ OpenNMT-tf 2.32 pins TensorFlow 2.13: it runs from its own venv (Python 3.11), -
     ../onmt-venv/bin/pip install tensorflow-cpu==2.13.1 opennmt-tf==2.32.0
 
 Without it the script says so in one line and exits with code 2, before anything else runs.
+
+With --profile-steps N, each side also runs steps S to S + N - 1 (S: --profile-start, default
+the first step of the third throughput window) under the TensorFlow profiler (ours through
+`train.profile_batches`, OpenNMT-tf around its training loop's steps), and the comparison adds
+where a step's time goes on each side: kernel time per op group and the op types of each side
+with their count per step (`benchmarks/train.py`'s grouping), against two cores' capacity over
+the profiled steps' wall time. It also says what a step holds on each side, from each side's
+own batching of the same training files: sentences, real target tokens and the padding of the
+target and source (the first 200 batches of each).
 
 --max-steps N stops each side after N steps (smoke runs); --minutes still bounds both. The
 work folder (--work-dir, overwritten) holds the vocabulary, the encoded files, both runs and
@@ -204,8 +216,10 @@ def schedule(config, args) -> dict:
             "max_steps": args.max_steps or FOREVER}
 
 
-def onmt_settings(config, manifest: dict, plan: dict, work: Path) -> dict:
-    """What the OpenNMT-tf worker builds: the model's sizes and its YAML config, from ours."""
+def onmt_settings(config, manifest: dict, plan: dict, work: Path,
+                  batch_size: int | None = None) -> dict:
+    """What the OpenNMT-tf worker builds: the model's sizes and its YAML config, from ours;
+    `batch_size`: its tokens per batch (default our `data.tokens_per_batch`)."""
     model, data, train = config.model, config.data, config.train
     folder = work / DATA
     sharing = {"all": "ALL", "target": "TARGET", "none": "NONE"}[model.share_embeddings]
@@ -236,7 +250,7 @@ def onmt_settings(config, manifest: dict, plan: dict, work: Path) -> dict:
                                         "warmup_steps": train.warmup_steps},
                        "label_smoothing": train.label_smoothing,
                        "beam_width": 1, "maximum_decoding_length": data.max_pair_length},
-            "train": {"batch_size": data.tokens_per_batch, "batch_type": "tokens",
+            "train": {"batch_size": batch_size or data.tokens_per_batch, "batch_type": "tokens",
                       "length_bucket_width": data.bucket_step,
                       # Ours counts START and END; OpenNMT-tf's source has neither, its target
                       # length one of them. The export already left longer pairs out.
@@ -264,6 +278,48 @@ def warm_rates(windows: list[tuple[int, float]]) -> dict:
             "windows": len(warm), "warm": len(windows) > 1}
 
 
+def profile_window(args, plan) -> tuple[int, int] | None:
+    """The steps (first, last, from 1) that --profile-steps profiles on both sides, or None."""
+    if not args.profile_steps:
+        return None
+    start = args.profile_start or 2 * plan["log_every"] + 1
+    return start, start + args.profile_steps - 1
+
+
+def batch_stats(batches, sentences: int) -> dict:
+    """What a step holds, from (target lengths, padded target length, source lengths, padded
+    source length) per batch: the means over `batches` of sentences and real target tokens, and
+    the padding fractions of the targets and sources."""
+    count = real_target = padded_target = real_source = padded_source = 0
+    for lengths, target_width, source_lengths, source_width in batches:
+        count += 1
+        real_target += sum(lengths)
+        padded_target += len(lengths) * target_width
+        real_source += sum(source_lengths)
+        padded_source += len(source_lengths) * source_width
+    return {"batches": count, "sentences": sentences / max(count, 1),
+            "target_tokens": real_target / max(count, 1),
+            "target_padding": 1 - real_target / max(padded_target, 1),
+            "source_padding": 1 - real_source / max(padded_source, 1)}
+
+
+def our_batch_stats(config, count: int = 200) -> dict:
+    """`batch_stats` of our first `count` training batches (targets: the output side, with END;
+    sources with START and END)."""
+    from keras_transformer import data as data_lib
+
+    source_tokenizer, target_tokenizer = data_lib.load_tokenizers(config.data,
+                                                                  config.data.vocab_dir)
+    dataset = data_lib.make_batches(data_lib.load_pairs(config.data, "train"), source_tokenizer,
+                                    target_tokenizer, config.data, training=True)
+    rows, sentences = [], 0
+    for (source, _), target_out in dataset.take(count).as_numpy_iterator():
+        rows.append(((target_out != 0).sum(axis=1).tolist(), target_out.shape[1],
+                     (source != 0).sum(axis=1).tolist(), source.shape[1]))
+        sentences += len(target_out)
+    return batch_stats(rows, sentences)
+
+
 def run_ours(args) -> dict:
     """Trains our side for --minutes (or --max-steps); returns its figures. Our venv."""
     import dataclasses
@@ -281,19 +337,28 @@ def run_ours(args) -> dict:
     epochs = math.ceil(plan["max_steps"] / plan["eval_steps"])
     # The time budget stops `fit` within --minutes; Keras still ends that epoch (its
     # validation loss, BLEU and checkpoint), inside the budget (`callbacks.TrainingClock`).
+    profiled = profile_window(args, plan)
     config = dataclasses.replace(config, train=dataclasses.replace(
         config.train, epochs=epochs, steps_per_epoch=plan["eval_steps"],
         log_every_steps=plan["log_every"], early_stopping_patience=None,
         validation_bleu_sentences=manifest["validation"]["pairs"],
-        budget_minutes=float(args.minutes)))
+        budget_minutes=float(args.minutes),
+        profile_batches=f"{profiled[0]},{profiled[1]}" if profiled else None))
     run_dir = Path(args.work_dir) / OURS
+    batches = our_batch_stats(config) if profiled else None
     history = training.train(config, run_dir, verbose=2, overwrite=True)
     run = Run(run_dir)
     windows = [(w["step"], w["tokens_per_second"])
                for w in step_windows(run.logs_dir / "train_steps")]
     points = read_curve(run_dir)
     model = run.config.model
+    profile = None
+    if profiled:
+        found = sorted((run_dir / "logs").rglob("*.xplane.pb"))
+        profile = {"xplane": str(found[-1]) if found else None, "steps": args.profile_steps,
+                   "batches": batches}
     return {"side": "ours", **warm_rates(windows), "window_steps": plan["log_every"],
+            "profile": profile,
             "precision": training.resolve_precision(config.train.precision),
             "steps": int(history.model.optimizer.iterations.numpy()),
             "params": history.model.count_params(),
@@ -340,11 +405,30 @@ def run_onmt(args) -> dict:
                                    for v in self._model.trainable_variables))
         return summary
 
-    def limited_steps(self, *a, **k):  # ends the loop after --minutes: OpenNMT-tf then saves
-        for loss in steps(self, *a, **k):  # and evaluates a last time
-            yield loss
-            if time.time() - record["start"] >= deadline:
-                return
+    profiled = profile_window(
+        args, {"log_every": settings["config"]["train"]["save_summary_steps"]})
+    profile_dir = Path(args.work_dir) / "onmt_profile"
+
+    def profiler(done):  # the profiler's state after `done` steps: on within the window
+        if profiled and done == profiled[0] - 1:
+            tf.profiler.experimental.start(str(profile_dir))
+        if profiled and done == profiled[1]:
+            tf.profiler.experimental.stop()
+
+    def limited_steps(self, dataset, *a, **k):  # ends the loop after --minutes: OpenNMT-tf
+        if profiled:  # then saves and evaluates a last time
+            record["batches"] = onmt_batch_stats(self._finalize_dataset(dataset))
+        profiler(0)
+        done = 0
+        try:
+            for done, loss in enumerate(steps(self, dataset, *a, **k), start=1):
+                yield loss
+                profiler(done)
+                if time.time() - record["start"] >= deadline:
+                    return
+        finally:
+            if profiled and profiled[0] - 1 <= done < profiled[1]:
+                tf.profiler.experimental.stop()  # the run ended inside the window
 
     evaluate = evaluation.Evaluator.__call__
 
@@ -369,14 +453,21 @@ def run_onmt(args) -> dict:
     evaluation.Evaluator.__call__ = timed_evaluate
     training.TrainingStats.get_last_summary = recorded_summary
 
+    shutil.rmtree(profile_dir, ignore_errors=True)
     runner = opennmt.Runner(model, settings["config"], auto_config=False)
     runner.train(with_eval=True)
+    profile = None
+    if profiled:
+        found = sorted(profile_dir.rglob("*.xplane.pb"))
+        profile = {"xplane": str(found[-1]) if found else None, "steps": args.profile_steps,
+                   "batches": record.get("batches")}
     # get_last_summary is also called for the final log, whose window ends at the loop's end
     # (after a checkpoint or an evaluation, which reset it): only the regular reports count.
     window_steps = settings["config"]["train"]["save_summary_steps"]
     windows = [w for w in record["windows"] if w[0] % window_steps == 0]
     windows = list(dict(windows).items())
     return {"side": "onmt", **warm_rates(windows), "window_steps": window_steps,
+            "profile": profile,
             "precision": tf.keras.mixed_precision.global_policy().name,
             "steps": record["steps"], "params": record["params"],
             "model": f"{sizes['num_layers'][0]}+{sizes['num_layers'][1]} layers, d_model "
@@ -385,6 +476,18 @@ def run_onmt(args) -> dict:
                      f" shared embeddings {sizes['share_embeddings'].lower()}",
             "versions": f"opennmt-tf {opennmt.__version__}, tensorflow {tf.__version__}",
             "evaluations": record["evaluations"]}
+
+
+def onmt_batch_stats(dataset, count: int = 200) -> dict:
+    """`batch_stats` of OpenNMT-tf's first `count` training batches (`dataset`, its trainer's;
+    targets: `ids_out`, with </s>; sources: its features, without <s> or </s>)."""
+    rows, sentences = [], 0
+    for features, labels in dataset.take(count):
+        target_lengths = labels["length"].numpy().tolist()
+        rows.append((target_lengths, int(labels["ids_out"].shape[1]),
+                     features["length"].numpy().tolist(), int(features["ids"].shape[1])))
+        sentences += len(target_lengths)
+    return batch_stats(rows, sentences)
 
 
 def score_onmt(result: dict, manifest: dict, references: list[str]) -> None:
@@ -491,6 +594,75 @@ def report(ours: dict, onmt: dict, minutes: float, manifest: dict) -> str:
     return "\n".join(lines)
 
 
+def read_profile(result: dict) -> dict | None:
+    """A side's profile as {"step_ms", "op_ms": {type: ms a step}, "op_count": {type: events a
+    step}}, from its trace (`benchmarks/train.py`'s `op_times`), or None without one."""
+    profile = result.get("profile") or {}
+    if not profile.get("xplane"):
+        return None
+    sys.path.insert(0, str(HERE))
+    from train import op_times  # noqa: E402
+
+    counts = {}
+    times = op_times(profile["xplane"], counts)
+    steps = profile["steps"]
+    return {"step_ms": 1000 * counts.pop("(span)") / steps,
+            "op_ms": {kind: 1000 * seconds / steps for kind, seconds in times.items()},
+            "op_count": {kind: count / steps for kind, count in counts.items()}}
+
+
+def profile_report(ours: dict, onmt: dict, cores: int = 2, top: int = 14) -> str:
+    """Both sides' batches and profiles side by side: per step, milliseconds (and the share of
+    `cores` x the step's wall time) of each op group, then the op types that take the most
+    time on either side, with their count per step."""
+    sys.path.insert(0, str(HERE))
+    from train import op_group  # noqa: E402
+
+    lines = ["what a step holds (each side's own batching of the same training files, "
+             "first 200 batches):",
+             "  side        sentences  target tokens  target padding  source padding"]
+    for name, result in (("ours", ours), ("OpenNMT-tf", onmt)):
+        stats = (result.get("profile") or {}).get("batches")
+        if stats:
+            lines.append(f"  {name:10}  {stats['sentences']:9.1f}  {stats['target_tokens']:13.1f}"
+                         f"  {100 * stats['target_padding']:13.1f}%"
+                         f"  {100 * stats['source_padding']:13.1f}%")
+    profiles = {"ours": read_profile(ours), "OpenNMT-tf": read_profile(onmt)}
+    if None in profiles.values():
+        missing = [name for name, profile in profiles.items() if profile is None]
+        return "\n".join(lines + [f"  no profile from {', '.join(missing)}"])
+    a, b = profiles["ours"], profiles["OpenNMT-tf"]
+    steps = (ours["profile"]["steps"], onmt["profile"]["steps"])
+    lines.append(f"profile of {steps[0]} steps a side: ours {a['step_ms']:.1f} ms a step, "
+                 f"OpenNMT-tf {b['step_ms']:.1f} ms (wall time of the traced steps); ms a step "
+                 f"and share of {cores} cores' capacity:")
+
+    def groups(profile):
+        totals = {}
+        for kind, ms in profile["op_ms"].items():
+            totals[op_group(kind)] = totals.get(op_group(kind), 0) + ms
+        totals["no kernel (executor overhead, idle)"] = (
+            cores * profile["step_ms"] - sum(totals.values()))
+        return totals
+
+    def cell(profile, ms):
+        return f"{ms:8.1f} {100 * ms / (cores * profile['step_ms']):5.1f}%"
+
+    ga, gb = groups(a), groups(b)
+    lines.append(f"  {'group':36} {'ours':>14}  {'OpenNMT-tf':>14}  {'ours - OpenNMT-tf':>17}")
+    for group in sorted(set(ga) | set(gb), key=lambda g: -max(ga.get(g, 0), gb.get(g, 0))):
+        x, y = ga.get(group, 0.0), gb.get(group, 0.0)
+        lines.append(f"  {group:36} {cell(a, x)}  {cell(b, y)}  {x - y:+13.1f} ms")
+    lines.append(f"  top op types (ms a step, ops a step): {'ours':>20}  {'OpenNMT-tf':>20}")
+    kinds = sorted(set(a["op_ms"]) | set(b["op_ms"]),
+                   key=lambda k: -max(a["op_ms"].get(k, 0), b["op_ms"].get(k, 0)))[:top]
+    for kind in kinds:
+        lines.append(f"    {kind:36} {a['op_ms'].get(kind, 0):8.1f} "
+                     f"{a['op_count'].get(kind, 0):7.1f} ops  {b['op_ms'].get(kind, 0):8.1f} "
+                     f"{b['op_count'].get(kind, 0):7.1f} ops  ({op_group(kind)})")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- the driver
 
 def check_schedule(config) -> str | None:
@@ -581,12 +753,25 @@ def parse_args(argv=None):
                         "(smoke runs)")
     parser.add_argument("--val-sentences", type=int,
                         help="evaluate on the first N validation sentences (default all)")
+    parser.add_argument("--onmt-batch-size", type=int,
+                        help="OpenNMT-tf's tokens per batch (default our data.tokens_per_batch; "
+                             "its batching fills a step with more target tokens than ours: "
+                             "--profile-steps shows both, to choose one that matches)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="profile this many steps of each side and compare where their "
+                             "time goes (default 0: no profile)")
+    parser.add_argument("--profile-start", type=int,
+                        help="the first profiled step (default: the third throughput window's "
+                             "first step)")
     parser.add_argument("--verbose", action="store_true", help="show both sides' output")
     parser.add_argument("--stage", choices=("prepare", OURS, ONMT), help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("eval_steps", "log_every", "max_steps", "val_sentences"):
+    if args.profile_steps < 0:
+        parser.error("--profile-steps must be >= 0")
+    for name in ("eval_steps", "log_every", "max_steps", "val_sentences", "profile_start",
+                 "onmt_batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if not args.minutes > 0:
@@ -597,7 +782,8 @@ def parse_args(argv=None):
                       *[f"--set={s}" for s in args.set or []],
                       *[f"--{name.replace('_', '-')}={getattr(args, name)}"
                         for name in ("vocab_dir", "eval_steps", "log_every", "max_steps",
-                                     "val_sentences") if getattr(args, name) is not None]]
+                                     "val_sentences", "profile_steps", "profile_start")
+                        if getattr(args, name) is not None]]
     return args
 
 
@@ -623,7 +809,8 @@ def main(argv=None) -> int:
           f"validation, vocabulary {manifest['vocab_size']:,} ({manifest['vocab_dir']})",
           flush=True)
     config = our_config(args, manifest["vocab_dir"])
-    settings = onmt_settings(config, manifest, schedule(config, args), work)
+    settings = onmt_settings(config, manifest, schedule(config, args), work,
+                             args.onmt_batch_size)
     settings_path = work / "onmt_settings.json"
     settings_path.write_text(json.dumps(settings, indent=2) + "\n")
     started = time.time()
@@ -640,6 +827,8 @@ def main(argv=None) -> int:
     (work / "result.json").write_text(json.dumps(
         {"argv": sys.argv, "manifest": manifest, "ours": ours, "onmt": onmt}, indent=2) + "\n")
     print(report(ours, onmt, args.minutes, manifest), flush=True)
+    if args.profile_steps:
+        print(profile_report(ours, onmt), flush=True)
     return 0
 
 

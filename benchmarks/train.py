@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import resource
@@ -255,19 +256,22 @@ def op_group(op_type: str) -> str:
     return "other"
 
 
-def op_times(xplane_path) -> dict:
+def op_times(xplane_path, counts: dict | None = None) -> dict:
     """Op type -> kernel time in seconds, summed over the host's threads, from one profile
     (`*.xplane.pb`). An op event is named "op_name:OpType"; its time excludes the ops nested
     in it on its thread, and `CONTAINER_OPS` are left out. The ops of tf.data's own threads
     (the input pipeline's functions) count as one type, `INPUT_PIPELINE`, and the runs of
-    XLA-compiled functions (the fused loss) as `XLA_EXECUTABLE`."""
+    XLA-compiled functions (the fused loss) as `XLA_EXECUTABLE`. With `counts`, also adds each
+    type's number of events to it; `counts["(span)"]` is the time from the first event's start
+    to the last one's end, in seconds."""
     from pathlib import Path
 
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
     space.ParseFromString(Path(xplane_path).read_bytes())
-    totals = {}
+    totals, first, last = {}, None, None
+    counts = {} if counts is None else counts
     for plane in space.planes:
         if plane.name != "/host:CPU":
             continue
@@ -283,6 +287,12 @@ def op_times(xplane_path) -> dict:
             events = sorted((event.offset_ps, event.offset_ps + event.duration_ps,
                              INPUT_PIPELINE if input_pipeline else op_type[event.metadata_id])
                             for event in line.events if event.metadata_id in op_type)
+            if events:
+                origin = line.timestamp_ns * 1000
+                first = min(first or math.inf, origin + events[0][0])
+                last = max(last or 0, origin + max(end for _, end, _ in events))
+            for _, _, kind in events:
+                counts[kind] = counts.get(kind, 0) + 1
             open_events = []  # [end, type, nested time] of the enclosing op events
             for start, end, kind in events:
                 while open_events and open_events[-1][0] <= start:
@@ -290,6 +300,7 @@ def op_times(xplane_path) -> dict:
                 open_events.append([end, kind, 0, end - start])
             while open_events:
                 _close(open_events, totals)
+    counts["(span)"] = (last - first) / 1e12 if first is not None else 0.0
     return {kind: ps / 1e12 for kind, ps in totals.items() if kind not in CONTAINER_OPS}
 
 

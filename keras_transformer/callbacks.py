@@ -224,7 +224,8 @@ def default_callbacks(config: ExperimentConfig, run: Run, validation_callback=No
     callbacks.append(RunCheckpoints(run, validation_callback is not None, early_stopping, clock))
     if early_stopping is not None:
         callbacks.append(early_stopping)
-    callbacks.append(keras.callbacks.TensorBoard(str(run.logs_dir), update_freq="epoch"))
+    callbacks.append(keras.callbacks.TensorBoard(
+        str(run.logs_dir), update_freq="epoch", profile_batch=config.train.profile_range() or 0))
     return callbacks
 
 

@@ -288,6 +288,9 @@ class TrainConfig:
     validation_bleu_sentences: int = 200  # greedy-decoded each epoch for BLEU; 0 disables
     early_stopping_patience: Optional[int] = None  # epochs without BLEU improvement
     log_every_steps: int = 50  # TensorBoard loss, learning rate, tokens/s every N steps; 0 disables
+    # "START,STOP": the TensorFlow profiler traces these batches (from 1) of the training
+    # command's fit, for TensorBoard's Profile tab (logs/train/plugins/profile); None: none
+    profile_batches: Optional[str] = None
     seed: int = 1234
     # Fine-tuning: start from the weights of this run folder (its best) or weight file, with a
     # fresh optimizer and schedule; keras_transformer.fine_tuning. None: from scratch
@@ -300,6 +303,8 @@ class TrainConfig:
             _check_positive("train.steps_per_epoch", self.steps_per_epoch)
         if self.log_every_steps < 0:
             raise ConfigError(f"train.log_every_steps={self.log_every_steps!r} must be >= 0")
+        if self.profile_batches is not None:
+            self.profile_range()
         _check_probability("train.label_smoothing", self.label_smoothing)
         _check_at_least("train.rdrop_alpha", self.rdrop_alpha, 0)
         if self.rdrop_alpha and self.accumulate_steps > 1:
@@ -337,6 +342,20 @@ class TrainConfig:
                       ("auto", "mirrored", "multi_worker", "one_device", "tpu"))
         _check_choice("train.precision", self.precision,
                       ("float32", "mixed_bfloat16", "mixed_float16", "auto"))
+
+
+    def profile_range(self) -> tuple[int, int] | None:
+        """`profile_batches` as (start, stop), or None; ConfigError unless 1 <= start <= stop."""
+        if self.profile_batches is None:
+            return None
+        try:
+            start, stop = (int(part) for part in str(self.profile_batches).split(","))
+        except ValueError:
+            start = stop = 0
+        if not 1 <= start <= stop:
+            raise ConfigError(f"train.profile_batches={self.profile_batches!r} must be "
+                              "\"START,STOP\", two batch numbers with 1 <= START <= STOP")
+        return start, stop
 
 
 # decode.stopping's values: search_rules.STOPPING_RULES, which says what each does.

@@ -132,6 +132,24 @@ def test_warm_rates_leave_out_the_first_window(bench):
     assert bench.warm_rates([])["target_tokens_per_second"] is None
 
 
+def test_batch_stats_count_what_a_step_holds(bench):
+    # (target lengths, padded target length, source lengths, padded source length) per batch
+    stats = bench.batch_stats([([3, 5], 5, [2, 4], 4), ([4], 8, [6], 6)], sentences=3)
+    assert stats == {"batches": 2, "sentences": 1.5, "target_tokens": 6.0,
+                     "target_padding": 1 - 12 / 18, "source_padding": 1 - 12 / 14}
+
+
+def test_profile_window_starts_at_the_third_throughput_window(bench, tmp_path):
+    plan = {"log_every": 25}
+    args = bench.parse_args(["--work-dir", str(tmp_path), "--profile-steps", "10"])
+    assert bench.profile_window(args, plan) == (51, 60)
+    args = bench.parse_args(["--work-dir", str(tmp_path), "--profile-steps", "4",
+                             "--profile-start", "7"])
+    assert bench.profile_window(args, plan) == (7, 10)
+    assert "--profile-steps=4" in args.forwarded and "--profile-start=7" in args.forwarded
+    assert bench.profile_window(bench.parse_args(["--work-dir", str(tmp_path)]), plan) is None
+
+
 def test_opennmt_gets_our_recipes_model_size_batches_and_schedule(bench, tmp_path):
     config = ExperimentConfig.from_yaml(REPO_ROOT / "experiments" / "demo.yaml")
     args = bench.parse_args(["--work-dir", str(tmp_path)])

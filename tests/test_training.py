@@ -16,7 +16,7 @@ from keras_transformer.config import ConfigError
 from keras_transformer.runs import Run
 from keras_transformer.schedules import TransformerSchedule
 from keras_transformer.tokenizers import load_tokenizers
-from helpers import read_events, snapshot, write_config
+from helpers import load_benchmark, read_events, snapshot, write_config
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +170,21 @@ def test_mixed_bfloat16_run_has_finite_loss_and_float32_logits(tiny_experiment, 
         assert logits.dtype == "float32"
     finally:
         keras.config.set_dtype_policy("float32")
+
+
+def test_profile_batches_trace_those_steps_for_tensorboard(tiny_experiment, tmp_path):
+    config = tiny_experiment(epochs=1, steps_per_epoch=3, profile_batches="2,3",
+                             validation_bleu_sentences=0, strategy="one_device")
+    training.train(config, tmp_path, verbose=0)
+    (trace,) = (tmp_path / "logs" / "train" / "plugins" / "profile").rglob("*.xplane.pb")
+    counts = {}
+    times = load_benchmark("train").op_times(trace, counts)
+    assert counts["(span)"] > 0
+    assert any("MatMul" in kind for kind in times) and all(n > 0 for n in counts.values())
+    # the profile is only what TensorBoard shows: the same run, extended, is not refused
+    training.train(dataclasses.replace(config, train=dataclasses.replace(
+        config.train, profile_batches=None, epochs=2)), tmp_path, verbose=0)
+    assert Run(tmp_path).state()["epoch"] == 2
 
 
 def test_mixed_float16_run_computes_in_float16_with_float32_weights(tiny_experiment, tmp_path):
