@@ -559,6 +559,41 @@ def _score(args) -> int:
     return 0
 
 
+def _filter(args) -> int:
+    """Writes the pairs of --source/--target that pass the rules to --output-source and
+    --output-target (line-aligned, plain text), and one line of counts."""
+    from keras_transformer.corpus_filter import FilterCounts, FilterRules, filter_pairs, \
+        parse_score_line
+    from keras_transformer.text_io import write_lines
+
+    rules = FilterRules(max_length_ratio=args.max_length_ratio, max_repeat=args.max_repeat,
+                        min_score=args.min_score)
+    if (args.min_score is None) != (args.scores is None):
+        raise ConfigError("--min-score and --scores go together: the scores are what "
+                          "--min-score reads")
+    inputs = {"--source": args.source, "--target": args.target,
+              **({"--scores": args.scores} if args.scores else {})}
+    for output in (args.output_source, args.output_target):
+        _check_output_file(output, inputs)
+    if os.path.abspath(args.output_source) == os.path.abspath(args.output_target):
+        raise ConfigError("--output-source and --output-target are the same file")
+    sources, targets = _read_aligned(args.source, args.target, args.command)
+    scores = None
+    if args.scores:
+        lines = _read_lines(args.scores, args.command)
+        if len(lines) != len(sources):
+            raise ConfigError(f"{args.scores} has {len(lines)} lines but {args.source} has "
+                              f"{len(sources)}")
+        scores = [parse_score_line(line, number, args.scores)
+                  for number, line in enumerate(lines, start=1)]
+    counts = FilterCounts()
+    kept = list(filter_pairs(zip(sources, targets), rules, scores, counts))
+    write_lines(args.output_source, [source for source, _ in kept])
+    write_lines(args.output_target, [target for _, target in kept])
+    print(counts.line(), flush=True)
+    return 0
+
+
 def _tune_search(args) -> int:
     import json
 
@@ -842,6 +877,26 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--batch-size", type=_positive_int, default=64,
                        help="pairs per batch (default: 64)")
     score.set_defaults(run=_score)
+
+    corpus_filter = commands.add_parser(
+        "filter", help="keep the pairs of a parallel corpus that pass length, repetition and "
+                       "score rules (synthetic back-translations above all)")
+    corpus_filter.add_argument("--source", required=True, help="source file, one sentence a line")
+    corpus_filter.add_argument("--target", required=True, help="target file, line-aligned")
+    corpus_filter.add_argument("--output-source", required=True, help="the kept sources")
+    corpus_filter.add_argument("--output-target", required=True, help="the kept targets")
+    corpus_filter.add_argument("--max-length-ratio", type=float, metavar="R",
+                               help="drop pairs whose longer side has more than R times the "
+                                    "words of the shorter")
+    corpus_filter.add_argument("--max-repeat", type=_positive_int, metavar="N",
+                               help="drop pairs with a character repeated more than N times in "
+                                    "a row")
+    corpus_filter.add_argument("--scores", help="`keras-transformer score` of the pairs, "
+                               "line-aligned (for --min-score)")
+    corpus_filter.add_argument("--min-score", type=float, metavar="S",
+                               help="drop pairs whose log P / lp (--scores' second column) is "
+                                    "below S")
+    corpus_filter.set_defaults(run=_filter)
 
     tune = commands.add_parser(
         "tune-search", help="BLEU of every beam size and alpha on held-out (validation) files")

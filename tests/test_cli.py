@@ -23,7 +23,7 @@ def test_info_prints_versions_and_preset_parameters(capsys):
 
 
 SUBCOMMANDS = ("info", "build-vocab", "data-stats", "train", "average", "export", "translate",
-               "evaluate", "score", "tune-search")
+               "evaluate", "score", "filter", "tune-search")
 
 
 def test_help_in_a_subprocess_lists_every_subcommand():
