@@ -2,15 +2,16 @@
 # Back-translation for Multi30k English -> German (issue #70), from one command:
 #   1. the German-English model: $BT_RUN if it holds a run, else trained by reproduce.sh;
 #   2. the unique German Task 2 captions (multi30k-captions/train.{1..5}.de.gz) translated into
-#      English by it (sampling by default: SEARCH=beam for beam 4), resumable, in runs/bt/;
+#      English by it (beam 4 by default: SEARCH=sampling samples), resumable, in runs/bt_beam/;
 #   3. English -> German trained on the real pairs and the synthetic ones
 #      (experiments/multi30k_en_de_bt.yaml), averaged, tuned on validation and scored on test by
 #      reproduce.sh;
 #   4. with FINETUNE_MINUTES, that model fine-tuned on the real pairs alone for that many minutes
 #      (a fresh optimizer and schedule), scored the same way.
 # Usage: bash experiments/backtranslate.sh [extra --set ... for step 3]
-# Environment: BT_RUN (default runs/multi30k_de_en), SEARCH (sampling | beam), BT (the folder
-# of the synthetic corpus, default runs/bt), RUN (default runs/multi30k_en_de_bt),
+# Environment: BT_RUN (default runs/multi30k_de_en), SEARCH (beam | sampling; beam won on
+# validation, experiments/RESULTS.md), BT (the folder of the synthetic corpus, default
+# runs/bt_SEARCH), RUN (default runs/multi30k_en_de_bt),
 # FINETUNE_MINUTES (default: none), KERAS_TRANSFORMER_DATA (the Multi30k folder; the captions
 # are read from multi30k-captions beside it).
 set -euo pipefail
@@ -19,8 +20,8 @@ cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
 KT="$BIN/keras-transformer"
 BT_RUN=${BT_RUN:-runs/multi30k_de_en}
-SEARCH=${SEARCH:-sampling}
-BT=${BT:-runs/bt}
+SEARCH=${SEARCH:-beam}
+BT=${BT:-runs/bt_$SEARCH}
 RUN=${RUN:-runs/multi30k_en_de_bt}
 CAPTIONS="$(dirname "$KERAS_TRANSFORMER_DATA")/multi30k-captions"
 
