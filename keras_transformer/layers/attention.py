@@ -45,27 +45,33 @@ def causal_bias(length):
     return attention_bias(mask)[None, None]
 
 
-def attention_weights(q, key, bias):
+def attention_weights(q, key, bias, fused_softmax=False):
     """The softmax of equation 1: float32 `[batch, heads, q_len, len]` for pre-scaled `q`
     `[batch, heads, q_len, dim]` over `key` `[batch, heads, len, dim]`; `bias` from
-    `attention_bias`, broadcastable to the result, or None."""
+    `attention_bias`, broadcastable to the result, or None.
+
+    `fused_softmax` computes the softmax with `tf.nn.softmax` (one kernel each way, what a
+    training step wants); otherwise in element-wise ops: oneDNN's Softmax kernel, which
+    TensorFlow substitutes for tf.nn.softmax, costs more per call on the small, changing
+    shapes of a decoding loop. Both are the same function of the logits."""
     logits = matmul(q, key, transpose_b=True)  # [batch, heads, q_len, len]
     if logits.dtype != tf.float32:
         logits = tf.cast(logits, tf.float32)
     if bias is not None:
         logits += bias
-    # Softmax's arithmetic in element-wise ops: oneDNN's Softmax kernel, which TensorFlow
-    # substitutes for tf.nn.softmax, costs more per call on the loop's small, changing shapes.
+    if fused_softmax:
+        return tf.nn.softmax(logits)
     exp = tf.exp(logits - tf.reduce_max(logits, axis=-1, keepdims=True))
     return exp / tf.reduce_sum(exp, axis=-1, keepdims=True)
 
 
-def dot_product_attention(q, key, value, bias, return_weights=False):
+def dot_product_attention(q, key, value, bias, return_weights=False, fused_softmax=False):
     """Scaled dot-product attention (equation 1) of pre-scaled `q` `[batch, heads, q_len, dim]`
     over `key`/`value` `[batch, heads, len, dim]`; `bias` from `attention_bias`, broadcastable
     to `[batch, heads, q_len, len]`, or None. Returns `[batch, heads, q_len, dim]`, and with
-    `return_weights` also `attention_weights` (float32 `[batch, heads, q_len, len]`)."""
-    probs = attention_weights(q, key, bias)
+    `return_weights` also `attention_weights` (float32 `[batch, heads, q_len, len]`;
+    `fused_softmax`: see there)."""
+    probs = attention_weights(q, key, bias, fused_softmax)
     y = matmul(probs if probs.dtype == value.dtype else tf.cast(probs, value.dtype), value)
     return (y, probs) if return_weights else y
 
@@ -236,7 +242,9 @@ class _SelfAttention(BaseAttention):
             k = tf.concat([cache["key"], k], axis=2)
             v = tf.concat([cache["value"], v], axis=2)
             cache = {"key": k, "value": v}
-        y = self._merge_heads(dot_product_attention(q, k, v, bias), rows=h.shape.rank == 2)
+        sequences = h.shape.rank == 3  # teacher forcing; rows: the decoding steps
+        y = self._merge_heads(dot_product_attention(q, k, v, bias, fused_softmax=sequences),
+                              rows=not sequences)
         if packing is not None:
             y = packing.pack(y)
         return dense(y, weights["out_kernel"], weights["out_bias"]), cache
@@ -386,9 +394,10 @@ class CrossAttention(BaseAttention):
             `[batch, heads, length, source_len]` (length `beams` for rows).
         """
         q = self._split_heads(dense(h, weights["q_kernel"], weights["q_bias"]), 1, beams)[0]
+        sequences = h.shape.rank == 3  # teacher forcing; rows: the decoding steps
         y, probs = dot_product_attention(q, memory["key"], memory["value"], bias,
-                                         return_weights=True)
-        y = dense(self._merge_heads(y, rows=h.shape.rank == 2), weights["out_kernel"],
+                                         return_weights=True, fused_softmax=sequences)
+        y = dense(self._merge_heads(y, rows=not sequences), weights["out_kernel"],
                   weights["out_bias"])
         return (y, probs) if return_weights else y
 
