@@ -136,11 +136,12 @@ class BaseAttention(keras.layers.Layer):
         weights = {}
         for name, parts in self.input_projections.items():
             layer = getattr(self, name)
-            # the query comes first in q|k|v and in q
-            scale = np.ones(parts * self.d_model, np.float32)
-            scale[:self.d_model] = self._scale() if name in ("qkv", "q") else 1.0
-            weights[f"{name}_kernel"] = value(layer.kernel, dtype) * tf.constant(scale, dtype)
-            weights[f"{name}_bias"] = value(layer.bias, dtype) * tf.constant(scale, dtype)
+            kernel, bias = value(layer.kernel, dtype), value(layer.bias, dtype)
+            if name in ("qkv", "q"):  # the query comes first
+                scale = np.ones(parts * self.d_model, np.float32)
+                scale[:self.d_model] = self._scale()
+                kernel, bias = kernel * tf.constant(scale, dtype), bias * tf.constant(scale, dtype)
+            weights[f"{name}_kernel"], weights[f"{name}_bias"] = kernel, bias
         weights["out_kernel"] = value(self.out.kernel, dtype)
         weights["out_bias"] = value(self.out.bias, dtype)
         return weights
