@@ -286,13 +286,14 @@ def profile_window(args, plan) -> tuple[int, int] | None:
     return start, start + args.profile_steps - 1
 
 
-def batch_stats(batches, sentences: int) -> dict:
+def batch_stats(batches) -> dict:
     """What a step holds, from (target lengths, padded target length, source lengths, padded
     source length) per batch: the means over `batches` of sentences and real target tokens, and
     the padding fractions of the targets and sources."""
-    count = real_target = padded_target = real_source = padded_source = 0
+    count = sentences = real_target = padded_target = real_source = padded_source = 0
     for lengths, target_width, source_lengths, source_width in batches:
         count += 1
+        sentences += len(lengths)
         real_target += sum(lengths)
         padded_target += len(lengths) * target_width
         real_source += sum(source_lengths)
@@ -312,12 +313,9 @@ def our_batch_stats(config, count: int = 200) -> dict:
                                                                   config.data.vocab_dir)
     dataset = data_lib.make_batches(data_lib.load_pairs(config.data, "train"), source_tokenizer,
                                     target_tokenizer, config.data, training=True)
-    rows, sentences = [], 0
-    for (source, _), target_out in dataset.take(count).as_numpy_iterator():
-        rows.append(((target_out != 0).sum(axis=1).tolist(), target_out.shape[1],
-                     (source != 0).sum(axis=1).tolist(), source.shape[1]))
-        sentences += len(target_out)
-    return batch_stats(rows, sentences)
+    return batch_stats(((target_out != 0).sum(axis=1).tolist(), target_out.shape[1],
+                         (source != 0).sum(axis=1).tolist(), source.shape[1])
+                        for (source, _), target_out in dataset.take(count).as_numpy_iterator())
 
 
 def run_ours(args) -> dict:
@@ -481,13 +479,9 @@ def run_onmt(args) -> dict:
 def onmt_batch_stats(dataset, count: int = 200) -> dict:
     """`batch_stats` of OpenNMT-tf's first `count` training batches (`dataset`, its trainer's;
     targets: `ids_out`, with </s>; sources: its features, without <s> or </s>)."""
-    rows, sentences = [], 0
-    for features, labels in dataset.take(count):
-        target_lengths = labels["length"].numpy().tolist()
-        rows.append((target_lengths, int(labels["ids_out"].shape[1]),
-                     features["length"].numpy().tolist(), int(features["ids"].shape[1])))
-        sentences += len(target_lengths)
-    return batch_stats(rows, sentences)
+    return batch_stats((labels["length"].numpy().tolist(), int(labels["ids_out"].shape[1]),
+                        features["length"].numpy().tolist(), int(features["ids"].shape[1]))
+                       for features, labels in dataset.take(count))
 
 
 def score_onmt(result: dict, manifest: dict, references: list[str]) -> None:
@@ -632,8 +626,7 @@ def profile_report(ours: dict, onmt: dict, cores: int = 2, top: int = 14) -> str
         missing = [name for name, profile in profiles.items() if profile is None]
         return "\n".join(lines + [f"  no profile from {', '.join(missing)}"])
     a, b = profiles["ours"], profiles["OpenNMT-tf"]
-    steps = (ours["profile"]["steps"], onmt["profile"]["steps"])
-    lines.append(f"profile of {steps[0]} steps a side: ours {a['step_ms']:.1f} ms a step, "
+    lines.append(f"profile of {ours['profile']['steps']} steps a side: ours {a['step_ms']:.1f} ms a step, "
                  f"OpenNMT-tf {b['step_ms']:.1f} ms (wall time of the traced steps); ms a step "
                  f"and share of {cores} cores' capacity:")
 

@@ -11,7 +11,7 @@ from keras import ops
 from keras_transformer import compat
 from keras_transformer.config import PAD_ID, ModelConfig, from_dict
 from keras_transformer.layers import Decoder, Encoder, PositionalEmbedding
-from keras_transformer.layers.attention import attention_bias
+from keras_transformer.layers.attention import padding_bias
 from keras_transformer.layers.ops import Packing, value
 from keras_transformer.losses import sum_over_replicas, symmetric_kl_of_halves, target_weights
 
@@ -283,7 +283,7 @@ class Transformer(keras.Model):
         x = self.source_embedding.embed(weights["source_embedding"],
                                         packing.pack(tf.reshape(source_ids, [-1])),
                                         packing.pack(positions), dtype)  # [tokens, d_model]
-        bias = attention_bias(packing.mask[:, None, None, :])  # [batch, 1, 1, source_len]
+        bias = padding_bias(packing.mask)  # [batch, 1, 1, source_len]
         return self.encoder.packed_call(weights["encoder"], x, packing, bias), packing
 
     def start_decoding(self, weights, source_ids) -> dict:
@@ -291,7 +291,7 @@ class Transformer(keras.Model):
         `{"bias": float32 [batch, 1, 1, source_len] (the source mask as an attention bias),
         "layers": [per decoder layer {"key", "value"} [batch, heads, source_len, head_dim]]}`."""
         context, packing = self.encode_rows(weights, source_ids)
-        return {"bias": attention_bias(packing.mask[:, None, None, :]),
+        return {"bias": padding_bias(packing.mask),
                 "layers": self.decoder.precompute(weights["decoder"], context, packing)}
 
     def init_cache(self, batch_size) -> list:

@@ -134,7 +134,7 @@ def test_warm_rates_leave_out_the_first_window(bench):
 
 def test_batch_stats_count_what_a_step_holds(bench):
     # (target lengths, padded target length, source lengths, padded source length) per batch
-    stats = bench.batch_stats([([3, 5], 5, [2, 4], 4), ([4], 8, [6], 6)], sentences=3)
+    stats = bench.batch_stats([([3, 5], 5, [2, 4], 4), ([4], 8, [6], 6)])
     assert stats == {"batches": 2, "sentences": 1.5, "target_tokens": 6.0,
                      "target_padding": 1 - 12 / 18, "source_padding": 1 - 12 / 14}
 

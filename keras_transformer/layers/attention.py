@@ -38,6 +38,13 @@ def attention_bias(mask):
     return tf.where(mask, 0.0, LARGE_NEGATIVE)
 
 
+def padding_bias(mask):
+    """`attention_bias` of a padding mask, bool `[batch, len]` (True at real tokens), as
+    `[batch, 1, 1, len]`: every query position of every head sees the real keys. None for
+    None."""
+    return None if mask is None else attention_bias(mask[:, None, None, :])
+
+
 def causal_bias(length):
     """`attention_bias` of the causal mask: float32 `[1, 1, length, length]`, position t sees
     positions <= t."""
@@ -264,7 +271,7 @@ class GlobalSelfAttention(_SelfAttention):
     """
 
     def call(self, x, padding_mask=None, training=None):
-        bias = None if padding_mask is None else attention_bias(padding_mask[:, None, None, :])
+        bias = padding_bias(padding_mask)
         weights = self.layer_weights(self.compute_dtype)
         return self._residual(x, lambda h: self.attend(weights, h, bias)[0], training)
 
@@ -346,14 +353,14 @@ class CrossAttention(BaseAttention):
     def call(self, x, context, context_mask=None, training=None):
         weights = self.layer_weights(self.compute_dtype)
         memory = self.precompute(weights, context)
-        bias = None if context_mask is None else attention_bias(context_mask[:, None, None, :])
+        bias = padding_bias(context_mask)
         return self._residual(x, lambda h: self.attend(weights, h, memory, bias), training)
 
     def attention_scores(self, x, context, context_mask=None):
         """Attention weights float32 `[batch, heads, target_len, source_len]` (for
         inspection)."""
         weights = self.layer_weights(self.compute_dtype)
-        bias = None if context_mask is None else attention_bias(context_mask[:, None, None, :])
+        bias = padding_bias(context_mask)
         h = self.layernorm(x) if self.norm == "pre" else x
         _, scores = self.attend(weights, h, self.precompute(weights, context), bias,
                                 return_weights=True)
