@@ -1,20 +1,25 @@
 """Training speed and time to quality against OpenNMT-tf 2.32, on the same data and model size.
 
     python benchmarks/opennmt.py [--config experiments/demo.yaml] [--minutes 30]
+                                 [--precisions float32,auto]
                                  [--onmt-python PATH] [--work-dir runs/opennmt]
                                  [--eval-steps N] [--log-every N] [--max-steps N]
                                  [--val-sentences N] [--vocab-dir DIR] [--set SECTION.KEY=VALUE]
 
 One invocation trains both sides, one after the other, each in its own process, for --minutes of
-wall-clock time each, and prints:
+wall-clock time each: ours once per precision of --precisions (default `float32,auto`: float32,
+as OpenNMT-tf trains on a CPU, then this machine's best precision where that is another one,
+mixed_bfloat16 on a CPU with AMX-BF16 or AVX512-BF16; this replaces the config's
+`train.precision`), then OpenNMT-tf. It prints:
 
-- target tokens/s after warm-up for each side and their ratio (ours / OpenNMT-tf): the median
+- target tokens/s after warm-up for each run and each of ours against OpenNMT-tf's: the median
   of the throughput windows of --log-every steps after the first (which holds tracing). Ours:
   `logs/train_steps` (`callbacks.StepSummaries`); OpenNMT-tf: its own `words_per_sec/target`
   reports (`TrainingStats`, every `save_summary_steps`). Neither side's windows hold an
   evaluation; OpenNMT-tf also leaves out its first 2 steps. Target tokens are the same on both
   sides: the SentencePiece pieces of the target plus one end token per sentence;
-- validation BLEU at every minute mark m = 1, 2, ... that both sides reached: each side's BLEU
+- for each of our runs, validation BLEU at every minute mark m = 1, 2, ... that both sides
+  reached: each side's BLEU
   at its last evaluation that had finished at or before minute m (a side's curve is a step
   function of training minutes; a mark before a side's first evaluation is left out), then
   each side's last evaluation. Minutes count from the start of each side's training loop
@@ -38,9 +43,8 @@ attention or the FFN (as ours); Adam (0.9, 0.98, 1e-9) on the Noam schedule with
 and `train.learning_rate_scale`, label smoothing `train.label_smoothing`, batches of
 `data.tokens_per_batch` tokens (`batch_type: tokens`, length buckets of `data.bucket_step`;
 --onmt-batch-size sets another, because OpenNMT-tf's batching fills a step with more target
-tokens than ours for the same budget: --profile-steps says how many), float32 on a CPU without
-native bfloat16 (ours: `train.precision`, printed; --set train.precision=float32 for equal
-precision on a CPU with bfloat16).
+tokens than ours for the same budget: --profile-steps says how many), float32 on a CPU
+(OpenNMT-tf has no bfloat16 there; ours: --precisions, each run's printed).
 
 The same evaluation: every --eval-steps optimizer steps (default the recipe's
 `train.steps_per_epoch`, our epoch), greedy decoding of the first --val-sentences validation
@@ -69,8 +73,8 @@ own batching of the same training files: sentences, real target tokens and the p
 target and source (the first 200 batches of each).
 
 --max-steps N stops each side after N steps (smoke runs); --minutes still bounds both. The
-work folder (--work-dir, overwritten) holds the vocabulary, the encoded files, both runs and
-`result.json`.
+work folder (--work-dir, overwritten) holds the vocabulary, the encoded files, the runs
+(`ours_PRECISION/`, `onmt/`) and `result.json`.
 """
 
 from __future__ import annotations
@@ -101,6 +105,7 @@ FOREVER = 10 ** 9  # steps, when only --minutes bounds a side
 
 # The work folder's layout.
 DATA, VOCAB, OURS, ONMT = "data", "vocab", "ours", "onmt"
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16", "auto")  # train.precision's values
 TRAIN_SRC, TRAIN_TGT = "train.src", "train.tgt"
 VAL_SRC, VAL_TGT, VAL_REF = "val.src", "val.tgt", "val.ref"
 VOCAB_FILE = "vocabulary.txt"
@@ -204,8 +209,28 @@ def our_config(args, vocab_dir=None):
     """The experiment --config with --set applied (and the vocabulary, once built)."""
     from keras_transformer.config import ExperimentConfig
 
-    overrides = [*(args.set or []), *([f"data.vocab_dir={vocab_dir}"] if vocab_dir else [])]
+    overrides = [*(args.set or []), *([f"data.vocab_dir={vocab_dir}"] if vocab_dir else []),
+                 *([f"train.precision={args.precision}"] if getattr(args, "precision", None)
+                   else [])]
     return ExperimentConfig.from_yaml(args.config, overrides)
+
+
+def our_precisions(requested: Iterable[str], native_bfloat16: bool) -> list[str]:
+    """The precisions our side trains in: --precisions in order, `auto` resolved as
+    `train.precision: auto` resolves it on this CPU (mixed_bfloat16 with native bfloat16, else
+    float32), each once."""
+    resolved = []
+    for precision in requested:
+        if precision == "auto":
+            precision = "mixed_bfloat16" if native_bfloat16 else "float32"
+        if precision not in resolved:
+            resolved.append(precision)
+    return resolved
+
+
+def our_run_name(precision: str) -> str:
+    """Our run's folder in the work folder, and the name of its worker's output."""
+    return f"{OURS}_{precision}"
 
 
 def schedule(config, args) -> dict:
@@ -342,7 +367,7 @@ def run_ours(args) -> dict:
         validation_bleu_sentences=manifest["validation"]["pairs"],
         budget_minutes=float(args.minutes),
         profile_batches=f"{profiled[0]},{profiled[1]}" if profiled else None))
-    run_dir = Path(args.work_dir) / OURS
+    run_dir = Path(args.work_dir) / our_run_name(config.train.precision)
     batches = our_batch_stats(config) if profiled else None
     history = training.train(config, run_dir, verbose=2, overwrite=True)
     run = Run(run_dir)
@@ -531,8 +556,9 @@ def evaluations(result: dict) -> list[Evaluation]:
     return [Evaluation(e["minutes"], e["bleu"], e["label"]) for e in result["evaluations"]]
 
 
-def report(ours: dict, onmt: dict, minutes: float, manifest: dict) -> str:
-    """The comparison as printed."""
+def report(ours_runs: list[dict], onmt: dict, minutes: float, manifest: dict) -> str:
+    """The comparison as printed: throughput of every run, then each of ours against
+    OpenNMT-tf's BLEU curve."""
     def rate(result):
         value = result["target_tokens_per_second"]
         if value is None:
@@ -543,21 +569,34 @@ def report(ours: dict, onmt: dict, minutes: float, manifest: dict) -> str:
                    "ONE window, warm-up included: raise --max-steps or --minutes")
         return f"{value:,.0f} ({windows}, {result['precision']})"
 
-    lines = [f"model: ours {ours['model']}, {ours['params']:,} parameters; OpenNMT-tf "
+    first = ours_runs[0]
+    steps = ", ".join(f"ours {ours['precision']} {ours['steps']:,}" for ours in ours_runs)
+    lines = [f"model: ours {first['model']}, {first['params']:,} parameters; OpenNMT-tf "
              f"{onmt['model']}, {onmt['params']:,} parameters",
              f"data: {manifest['train']['pairs']:,} training pairs, vocabulary "
-             f"{manifest['vocab_size']:,} SentencePiece pieces; steps trained: ours "
-             f"{ours['steps']:,}, OpenNMT-tf {onmt['steps']:,}",
-             "target tokens/s after warm-up:",
-             f"  ours        {rate(ours)}",
-             f"  OpenNMT-tf  {rate(onmt)}"]
-    if ours["target_tokens_per_second"] and onmt["target_tokens_per_second"]:
-        lines.append(f"  ours / OpenNMT-tf = "
-                     f"{ours['target_tokens_per_second'] / onmt['target_tokens_per_second']:.2f}x")
+             f"{manifest['vocab_size']:,} SentencePiece pieces; steps trained: {steps}, "
+             f"OpenNMT-tf {onmt['steps']:,}",
+             "target tokens/s after warm-up:"]
+    lines += [f"  ours        {rate(ours)}" for ours in ours_runs]
+    lines.append(f"  OpenNMT-tf  {rate(onmt)}")
+    for ours in ours_runs:
+        if ours["target_tokens_per_second"] and onmt["target_tokens_per_second"]:
+            ratio = ours["target_tokens_per_second"] / onmt["target_tokens_per_second"]
+            lines.append(f"  ours ({ours['precision']}) / OpenNMT-tf ({onmt['precision']}) = "
+                         f"{ratio:.2f}x")
+    for ours in ours_runs:
+        lines += bleu_table(ours, onmt, minutes, manifest)
+    return "\n".join(lines)
+
+
+def bleu_table(ours: dict, onmt: dict, minutes: float, manifest: dict) -> list[str]:
+    """Our run's validation BLEU against OpenNMT-tf's at each minute mark, and at the last
+    evaluation of each, as printed lines."""
+    lines = []
     curves = {"ours": evaluations(ours), "onmt": evaluations(onmt)}
-    lines.append(f"validation BLEU (cased sacreBLEU, greedy, {manifest['validation']['pairs']:,} "
-                 "validation sentences detokenized with SentencePiece), each side's last "
-                 "evaluation finished at or before minute m:")
+    lines.append(f"validation BLEU, ours in {ours['precision']} (cased sacreBLEU, greedy, "
+                 f"{manifest['validation']['pairs']:,} validation sentences detokenized with "
+                 "SentencePiece), each side's last evaluation finished at or before minute m:")
     rows = [["minute", "ours", "at", "OpenNMT-tf", "at", "ahead"]]
 
     def cells(point):
@@ -585,7 +624,7 @@ def report(ours: dict, onmt: dict, minutes: float, manifest: dict) -> str:
     else:
         behind = [str(m["minute"]) for m in marks if m["ours"].bleu <= m["onmt"].bleu]
         lines.append(f"  ours not ahead at minute(s) {', '.join(behind)}")
-    return "\n".join(lines)
+    return lines
 
 
 def read_profile(result: dict) -> dict | None:
@@ -626,7 +665,8 @@ def profile_report(ours: dict, onmt: dict, cores: int = 2, top: int = 14) -> str
         missing = [name for name, profile in profiles.items() if profile is None]
         return "\n".join(lines + [f"  no profile from {', '.join(missing)}"])
     a, b = profiles["ours"], profiles["OpenNMT-tf"]
-    lines.append(f"profile of {ours['profile']['steps']} steps a side: ours {a['step_ms']:.1f} ms a step, "
+    lines.append(f"profile of {ours['profile']['steps']} steps a side: ours ({ours['precision']}) "
+                 f"{a['step_ms']:.1f} ms a step, "
                  f"OpenNMT-tf {b['step_ms']:.1f} ms (wall time of the traced steps); ms a step "
                  f"and share of {cores} cores' capacity:")
 
@@ -692,11 +732,12 @@ def check_onmt_python(python: str) -> str | None:
             f"--onmt-python ../onmt-venv/bin/python or set {ONMT_ENV}")
 
 
-def _worker(python: str, stage: str, args, extra=()) -> dict:
+def _worker(python: str, stage: str, args, extra=(), name: str | None = None) -> dict:
     """Runs one stage in its own process (`python` this script --stage STAGE); returns the JSON
-    it writes. Its output goes to ours, and to WORK/STAGE.log."""
+    it writes. Its output goes to ours, and to WORK/NAME.log (NAME: `name`, default STAGE)."""
     work = Path(args.work_dir)
-    output = work / f"{stage}.json"
+    name = name or stage
+    output = work / f"{name}.json"
     output.unlink(missing_ok=True)
     # The OpenNMT-tf worker runs isolated (-I): this script's folder is not on its sys.path, so
     # `import opennmt` finds OpenNMT-tf, not this file; nor are PYTHONPATH's packages.
@@ -707,17 +748,17 @@ def _worker(python: str, stage: str, args, extra=()) -> dict:
     if stage != ONMT:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO),
                                                            os.environ.get("PYTHONPATH")]))
-    with open(work / f"{stage}.log", "w") as log:
+    with open(work / f"{name}.log", "w") as log:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    text=True, env=env, cwd=REPO)
         for line in process.stdout:
             log.write(line)
             if args.verbose:
-                sys.stdout.write(f"  [{stage}] {line}")
+                sys.stdout.write(f"  [{name}] {line}")
         process.wait()
     if process.returncode or not output.is_file():
-        raise SystemExit(f"opennmt.py: the {stage} stage failed (exit code "
-                         f"{process.returncode}); its output is in {work / f'{stage}.log'}")
+        raise SystemExit(f"opennmt.py: the {name} stage failed (exit code "
+                         f"{process.returncode}); its output is in {work / f'{name}.log'}")
     return json.loads(output.read_text())
 
 
@@ -730,6 +771,11 @@ def parse_args(argv=None):
                         help="config overrides, for both sides")
     parser.add_argument("--minutes", type=float, default=30.0,
                         help="wall-clock minutes of training per side (default 30)")
+    parser.add_argument("--precisions", default="float32,auto",
+                        help="comma-separated precisions our side trains in, one run each "
+                             f"({', '.join(PRECISIONS)}; auto: this CPU's best, trained once "
+                             "if that is float32; default float32,auto). Replaces the config's "
+                             "train.precision")
     parser.add_argument("--onmt-python", default=os.environ.get(ONMT_ENV) or
                         str(DEFAULT_ONMT_PYTHON),
                         help=f"the OpenNMT-tf venv's python (default ${ONMT_ENV}, else "
@@ -760,7 +806,13 @@ def parse_args(argv=None):
     parser.add_argument("--stage", choices=("prepare", OURS, ONMT), help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
+    parser.add_argument("--precision", choices=PRECISIONS, help=argparse.SUPPRESS)  # a worker's
     args = parser.parse_args(argv)
+    args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    unknown = [p for p in args.precisions if p not in PRECISIONS]
+    if unknown or not args.precisions:
+        parser.error(f"--precisions {','.join(unknown) or 'is empty'}: choose from "
+                     f"{', '.join(PRECISIONS)}")
     if args.profile_steps < 0:
         parser.error("--profile-steps must be >= 0")
     for name in ("eval_steps", "log_every", "max_steps", "val_sentences", "profile_start",
@@ -806,10 +858,16 @@ def main(argv=None) -> int:
                              args.onmt_batch_size)
     settings_path = work / "onmt_settings.json"
     settings_path.write_text(json.dumps(settings, indent=2) + "\n")
-    started = time.time()
-    ours = _worker(sys.executable, OURS, args)
-    print(f"ours: done in {(time.time() - started) / 60:.1f} min, {ours['steps']} steps",
-          flush=True)
+    from keras_transformer.training import cpu_has_native_bfloat16
+
+    ours_runs = []
+    for precision in our_precisions(args.precisions, cpu_has_native_bfloat16()):
+        started = time.time()
+        ours = _worker(sys.executable, OURS, args, [f"--precision={precision}"],
+                       name=our_run_name(precision))
+        print(f"ours ({ours['precision']}): done in {(time.time() - started) / 60:.1f} min, "
+              f"{ours['steps']} steps", flush=True)
+        ours_runs.append(ours)
     started = time.time()
     shutil.rmtree(work / ONMT, ignore_errors=True)  # OpenNMT-tf would resume its checkpoint
     onmt = _worker(args.onmt_python, ONMT, args, ["--settings", str(settings_path)])
@@ -818,10 +876,12 @@ def main(argv=None) -> int:
     references = (work / DATA / VAL_REF).read_text(encoding="utf-8").splitlines()
     score_onmt(onmt, manifest, references)
     (work / "result.json").write_text(json.dumps(
-        {"argv": sys.argv, "manifest": manifest, "ours": ours, "onmt": onmt}, indent=2) + "\n")
-    print(report(ours, onmt, args.minutes, manifest), flush=True)
+        {"argv": sys.argv, "manifest": manifest, "ours": ours_runs, "onmt": onmt},
+        indent=2) + "\n")
+    print(report(ours_runs, onmt, args.minutes, manifest), flush=True)
     if args.profile_steps:
-        print(profile_report(ours, onmt), flush=True)
+        for ours in ours_runs:
+            print(profile_report(ours, onmt), flush=True)
     return 0
 
 

@@ -166,3 +166,50 @@ def test_opennmt_gets_our_recipes_model_size_batches_and_schedule(bench, tmp_pat
     assert (train["batch_size"], train["batch_type"]) == (4096, "tokens")
     assert run_eval["steps"] == train["save_checkpoints_steps"] == 100
     assert run_eval["save_eval_predictions"] is True
+
+
+def test_our_precisions_resolve_auto_for_this_cpu_and_train_each_once(bench):
+    assert bench.our_precisions(["float32", "auto"], native_bfloat16=True) == [
+        "float32", "mixed_bfloat16"]
+    assert bench.our_precisions(["float32", "auto"], native_bfloat16=False) == ["float32"]
+    assert bench.our_precisions(["auto", "mixed_bfloat16", "float32"], True) == [
+        "mixed_bfloat16", "float32"]
+
+
+def test_precisions_are_checked_before_anything_runs(bench, tmp_path, capsys):
+    assert bench.parse_args(["--work-dir", str(tmp_path)]).precisions == ["float32", "auto"]
+    assert bench.parse_args(["--work-dir", str(tmp_path), "--precisions",
+                             " mixed_bfloat16 ,float32"]).precisions == [
+        "mixed_bfloat16", "float32"]
+    with pytest.raises(SystemExit) as error:
+        bench.parse_args(["--work-dir", str(tmp_path), "--precisions", "float32,bf16"])
+    assert error.value.code == 2
+    assert "--precisions bf16: choose from float32, mixed_bfloat16" in capsys.readouterr().err
+
+
+def test_precision_override_reaches_our_config_after_the_users_sets(bench, tmp_path):
+    args = bench.parse_args(["--work-dir", str(tmp_path), "--set", "train.precision=float32",
+                             "--precision", "mixed_bfloat16"])
+    assert bench.our_config(args).train.precision == "mixed_bfloat16"
+    assert bench.our_run_name("mixed_bfloat16") == "ours_mixed_bfloat16"
+
+
+def test_report_gives_each_of_our_precisions_its_ratio_and_bleu_table(bench):
+    def run(precision, rate, steps, *points):
+        return {"precision": precision, "target_tokens_per_second": rate, "windows": 4,
+                "warm": True, "window_steps": 25, "steps": steps, "params": 1000,
+                "model": "m", "evaluations": [{"label": f"e{i}", "minutes": m, "bleu": b}
+                                              for i, (m, b) in enumerate(points, 1)]}
+    ours = [run("float32", 1200.0, 300, (1.5, 3.0), (3.0, 9.0)),
+            run("mixed_bfloat16", 1800.0, 450, (1.2, 5.0), (2.4, 11.0))]
+    onmt = run("float32", 1000.0, 250, (1.8, 4.0), (3.5, 8.0))
+    manifest = {"train": {"pairs": 10}, "validation": {"pairs": 5}, "vocab_size": 100}
+    text = bench.report(ours, onmt, 4, manifest)
+    assert "ours (float32) / OpenNMT-tf (float32) = 1.20x" in text
+    assert "ours (mixed_bfloat16) / OpenNMT-tf (float32) = 1.80x" in text
+    assert "steps trained: ours float32 300, ours mixed_bfloat16 450, OpenNMT-tf 250" in text
+    tables = text.split("validation BLEU, ours in ")[1:]
+    assert [t.split(" ")[0] for t in tables] == ["float32", "mixed_bfloat16"]
+    # float32: minute 2 has 3.0 against 4.0 (behind); bf16: ahead at minutes 2, 3 and 4
+    assert "ours not ahead at minute(s) 2" in tables[0]
+    assert "ours ahead at all 3 minute marks" in tables[1]
