@@ -145,6 +145,15 @@ def training_sessions(files: list[_LogFile]) -> list[tuple[float, float]]:
     return list(zip(starts, ends))
 
 
+def training_start(run_dir: str | Path) -> float | None:
+    """The wall time of the run's minute 0 (its first training session's start, as
+    `read_curve` counts minutes), or None without a training log."""
+    files = [_read_log_file(path) for path in sorted((Path(run_dir) / LOGS).glob(
+        f"{TRAIN}/{EVENT_FILES}"))]
+    sessions = training_sessions(files)
+    return sessions[0][0] if sessions else None
+
+
 def training_minutes(sessions: list[tuple[float, float]], wall_time: float) -> float:
     """Minutes of training up to `wall_time`: the spans of the sessions before its own, and its
     own session's time so far."""

@@ -303,6 +303,25 @@ def warm_rates(windows: list[tuple[int, float]]) -> dict:
             "windows": len(warm), "warm": len(windows) > 1}
 
 
+def startup(windows: list[tuple[int, float]], before_step: int) -> dict | None:
+    """What a side's first steps cost beyond its steady pace, from its throughput windows
+    `(step, seconds from the loop's start to that step's end)`: the pace is the median seconds
+    a step of the windows after the first that end at or before `before_step` (the first
+    evaluation); at the first window's end and at the last such window's end, the seconds
+    taken and their excess over the pace (tracing, compilations, the input pipeline's start,
+    a pass's last batches). None with fewer than 3 such windows."""
+    windows = sorted(w for w in windows if w[0] <= before_step)
+    if len(windows) < 3:
+        return None
+    pace = statistics.median((b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(windows, windows[1:]))
+
+    def point(window):
+        step, seconds = window
+        return {"step": step, "seconds": seconds, "excess": seconds - step * pace}
+
+    return {"pace": pace, "first": point(windows[0]), "last": point(windows[-1])}
+
+
 def profile_window(args, plan) -> tuple[int, int] | None:
     """The steps (first, last, from 1) that --profile-steps profiles on both sides, or None."""
     if not args.profile_steps:
@@ -351,7 +370,7 @@ def run_ours(args) -> dict:
     from keras_transformer.runs import Run
 
     sys.path.insert(0, str(HERE))
-    from curves import read_curve  # noqa: E402
+    from curves import read_curve, training_start  # noqa: E402
     from fit import step_windows  # noqa: E402
 
     manifest = json.loads((Path(args.work_dir) / DATA / MANIFEST).read_text())
@@ -371,8 +390,9 @@ def run_ours(args) -> dict:
     batches = our_batch_stats(config) if profiled else None
     history = training.train(config, run_dir, verbose=2, overwrite=True)
     run = Run(run_dir)
-    windows = [(w["step"], w["tokens_per_second"])
-               for w in step_windows(run.logs_dir / "train_steps")]
+    steps = step_windows(run.logs_dir / "train_steps")
+    windows = [(w["step"], w["tokens_per_second"]) for w in steps]
+    start = training_start(run_dir)
     points = read_curve(run_dir)
     model = run.config.model
     profile = None
@@ -382,6 +402,8 @@ def run_ours(args) -> dict:
                    "batches": batches}
     return {"side": "ours", **warm_rates(windows), "window_steps": plan["log_every"],
             "profile": profile,
+            "startup": startup([(w["step"], w["wall_time"] - start) for w in steps],
+                               plan["eval_steps"]) if start is not None else None,
             "precision": training.resolve_precision(config.train.precision),
             "steps": int(history.model.optimizer.iterations.numpy()),
             "params": history.model.count_params(),
@@ -417,7 +439,7 @@ def run_onmt(args) -> dict:
                                  sizes["share_embeddings"]),
         pre_norm=sizes["pre_norm"], output_layer_bias=sizes["output_layer_bias"])
 
-    record = {"start": None, "evaluations": [], "windows": []}
+    record = {"start": None, "evaluations": [], "windows": [], "window_ends": {}}
     call, steps = training.Trainer.__call__, training.Trainer._steps
 
     def timed_call(self, *a, **k):  # the training loop's start: minute 0
@@ -470,6 +492,7 @@ def run_onmt(args) -> dict:
         values = summary(self)
         if "target" in values["words_per_sec"]:
             record["windows"].append((int(values["step"]), values["words_per_sec"]["target"]))
+            record["window_ends"].setdefault(int(values["step"]), time.time() - record["start"])
         return values
 
     training.Trainer.__call__, training.Trainer._steps = timed_call, limited_steps
@@ -491,6 +514,9 @@ def run_onmt(args) -> dict:
     windows = list(dict(windows).items())
     return {"side": "onmt", **warm_rates(windows), "window_steps": window_steps,
             "profile": profile,
+            "startup": startup([(step, seconds) for step, seconds in record["window_ends"].items()
+                                if step % window_steps == 0],
+                               settings["config"]["eval"]["steps"]),
             "precision": tf.keras.mixed_precision.global_policy().name,
             "steps": record["steps"], "params": record["params"],
             "model": f"{sizes['num_layers'][0]}+{sizes['num_layers'][1]} layers, d_model "
@@ -584,9 +610,31 @@ def report(ours_runs: list[dict], onmt: dict, minutes: float, manifest: dict) ->
             ratio = ours["target_tokens_per_second"] / onmt["target_tokens_per_second"]
             lines.append(f"  ours ({ours['precision']}) / OpenNMT-tf ({onmt['precision']}) = "
                          f"{ratio:.2f}x")
+    lines += startup_lines([*((f"ours ({ours['precision']})", ours) for ours in ours_runs),
+                            ("OpenNMT-tf", onmt)])
     for ours in ours_runs:
         lines += bleu_table(ours, onmt, minutes, manifest)
     return "\n".join(lines)
+
+
+def startup_lines(runs: list[tuple[str, dict]]) -> list[str]:
+    """Each run's `startup`, as printed."""
+    lines = ["start-up: seconds from the training loop's start to a step's end, and beyond the "
+             "side's steady pace (tracing, compilations, the input pipeline's start, a pass's "
+             "last batches), before the first evaluation:"]
+    width = max(len(name) for name, _ in runs)
+    for name, result in runs:
+        cost = result.get("startup")
+        if not cost:
+            lines.append(f"  {name:{width}}  fewer than 3 throughput windows before the first "
+                         "evaluation")
+            continue
+        first, last = cost["first"], cost["last"]
+        lines.append(f"  {name:{width}}  step {first['step']} at {first['seconds']:.1f} s "
+                     f"({first['excess']:+.1f} s), step {last['step']} at "
+                     f"{last['seconds']:.1f} s ({last['excess']:+.1f} s); pace "
+                     f"{1000 * cost['pace']:.0f} ms a step")
+    return lines
 
 
 def bleu_table(ours: dict, onmt: dict, minutes: float, manifest: dict) -> list[str]:

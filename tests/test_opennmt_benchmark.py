@@ -213,3 +213,34 @@ def test_report_gives_each_of_our_precisions_its_ratio_and_bleu_table(bench):
     # float32: minute 2 has 3.0 against 4.0 (behind); bf16: ahead at minutes 2, 3 and 4
     assert "ours not ahead at minute(s) 2" in tables[0]
     assert "ours ahead at all 3 minute marks" in tables[1]
+
+
+def test_startup_is_the_excess_over_the_pace_before_the_first_evaluation(bench):
+    # 20 s to step 25 (tracing), then 0.5 s a step, a 6 s compilation in (125, 150], an
+    # evaluation after step 170: the window ending at 175 is left out.
+    windows = [(25, 20.0), (50, 32.5), (75, 45.0), (100, 57.5), (125, 70.0), (150, 88.5),
+               (175, 140.0)]
+    cost = bench.startup(windows, before_step=170)
+    assert cost["pace"] == 0.5
+    assert cost["first"] == {"step": 25, "seconds": 20.0, "excess": 7.5}
+    assert cost["last"] == {"step": 150, "seconds": 88.5, "excess": 13.5}
+    assert bench.startup(windows[:2], before_step=170) is None
+    lines = bench.startup_lines([("ours (float32)", {"startup": cost}), ("OpenNMT-tf", {})])
+    assert lines[1].split() == ["ours", "(float32)", "step", "25", "at", "20.0", "s", "(+7.5",
+                                "s),", "step", "150", "at", "88.5", "s", "(+13.5", "s);",
+                                "pace", "500", "ms", "a", "step"]
+    assert "fewer than 3 throughput windows" in lines[2]
+
+
+def test_training_start_is_the_first_training_logs_first_event(tmp_path):
+    import tensorflow as tf
+    from helpers import load_benchmark as load
+
+    curves = load("curves")
+    assert curves.training_start(tmp_path) is None
+    writer = tf.summary.create_file_writer(str(tmp_path / "logs" / "train"))
+    with writer.as_default():
+        tf.summary.scalar("epoch_loss", 1.0, step=0)
+    writer.flush()
+    files = [curves._read_log_file(p) for p in (tmp_path / "logs" / "train").glob("events*")]
+    assert curves.training_start(tmp_path) == min(files[0].wall_times)
