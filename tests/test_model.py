@@ -178,6 +178,38 @@ def test_compile_builds_the_model_and_the_optimizer(tmp_path):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
+def test_fit_traces_the_train_step_once_for_batches_of_every_shape():
+    """Token batches come in many shapes (length buckets, each bucket's smaller last batch):
+    `fit` over a dataset traces the step once, for the dataset's dynamic shapes."""
+    from keras_transformer import MaskedLabelSmoothedCrossEntropy
+
+    model = Transformer(tiny())
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=MaskedLabelSmoothedCrossEntropy())
+    traces = []
+    step = model.train_step
+
+    def counted(data):
+        traces.append(data[1].shape)
+        return step(data)
+
+    model.train_step = counted
+    shapes = [(3, 9, 7), (4, 9, 7), (6, 16, 8), (3, 8, 6), (5, 24, 16)]
+    batches = [random_batch(seed, *shape) for seed, shape in enumerate(shapes)]
+
+    read = []
+
+    def generate():
+        for source, target in batches:
+            read.append(target.shape)
+            yield (source, target[:, :-1]), target[:, 1:]
+
+    spec = tf.TensorSpec([None, None], tf.int32)
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=((spec, spec), spec))
+    model.fit(dataset, epochs=2, verbose=0)
+    assert len(read) == 2 * len(shapes)
+    assert len(traces) == 1 and traces[0].as_list() == [None, None]
+
+
 def decode_steps(model, source, target, beams=1, memory=None, rows=None):
     """Logits `[batch * rows, target_len, vocab]` of `decode_step` fed `target` (each sentence's
     ids repeated on `rows` rows, default `beams`; `beams` rows per row of the memory) one
