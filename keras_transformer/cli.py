@@ -119,6 +119,13 @@ def _data_stats(args) -> int:
     return 0
 
 
+def partial_line(partial: int, batches: int, target_share: float) -> str:
+    """What a pass's partial batches (each length bucket's last, smaller one) take."""
+    return (f"{partial} of the {batches} batches are a length bucket's last, smaller batch "
+            f"({partial / max(batches, 1):.1%} of the steps, {target_share:.1%} of the target "
+            "tokens)")
+
+
 def format_data_stats(stats: dict) -> str:
     """A human-readable report of `data_stats`."""
     lines = [f"{stats['dataset']} {stats['direction']}, {stats['tokenizer']} vocabulary "
@@ -140,6 +147,9 @@ def format_data_stats(stats: dict) -> str:
                     f"{b['mean_target_tokens']:.0f} target tokens per batch (max padded "
                     f"{b['max_padded_tokens']}{budget}); padding {b['source_padding']:.1%} source, "
                     f"{b['target_padding']:.1%} target")
+                if "partial_batches" in b:
+                    lines.append("    " + partial_line(b["partial_batches"], b["batches"],
+                                                     b["partial_target_share"]))
     for entry in stats.get("corpora", ()):
         dropped = ", ".join(f"{n} {reason}" for reason, n in entry["dropped"].items())
         tag = f", tag {entry['tag']}" if entry["tag"] else ""
@@ -148,6 +158,9 @@ def format_data_stats(stats: dict) -> str:
         lines.append(f"  {entry['pairs']} pairs: {entry['kept']} kept, dropped {dropped}; "
                      f"{entry['source_tokens']} source / {entry['target_tokens']} target tokens "
                      f"in {entry['batches']} batches")
+        lines.append("  " + partial_line(entry["partial_batches"], entry["batches"],
+                                         entry["partial_target_tokens"]
+                                         / max(entry["target_tokens"], 1)))
     return "\n".join(lines)
 
 

@@ -630,6 +630,10 @@ class BatchStats:
     padded_source_tokens: int  # batch * length summed over batches
     padded_target_tokens: int
     max_padded_tokens: int  # the largest batch * length of either side
+    # With a token budget: batches with fewer pairs than their bucket holds (each bucket's
+    # last batch of a pass), and their real target tokens.
+    partial_batches: int = 0
+    partial_target_tokens: int = 0
 
     def padding_fraction(self, side: str) -> float:
         real, padded = ((self.source_tokens, self.padded_source_tokens) if side == "source"
@@ -637,15 +641,17 @@ class BatchStats:
         return 1.0 - real / padded if padded else 0.0
 
 
-def batch_stats(batches: tf.data.Dataset) -> BatchStats:
-    """Iterates `((source, target_in), target_out)` batches once and measures them."""
+def batch_stats(batches: tf.data.Dataset, tokens_per_batch: int | None = None) -> BatchStats:
+    """Iterates `((source, target_in), target_out)` batches once and measures them; with
+    `tokens_per_batch` (`make_batches`' budget, one replica), also counts the partial batches:
+    those holding fewer than floor(tokens_per_batch / longer side) pairs."""
     def measure(inputs, target_out):
         source = inputs[0]
         return (tf.shape(source), tf.shape(target_out),
                 tf.math.count_nonzero(source), tf.math.count_nonzero(target_out))
 
     shapes, totals = set(), np.zeros(4, np.int64)
-    count = pairs = max_padded = 0
+    count = pairs = max_padded = partial = partial_tokens = 0
     for source_shape, target_shape, source_real, target_real in (
             batches.map(measure).as_numpy_iterator()):
         count += 1
@@ -654,8 +660,12 @@ def batch_stats(batches: tf.data.Dataset) -> BatchStats:
         padded = (int(np.prod(source_shape)), int(np.prod(target_shape)))
         totals += (source_real, target_real, *padded)
         max_padded = max(max_padded, *padded)
+        if tokens_per_batch and source_shape[0] < tokens_per_batch // max(source_shape[1],
+                                                                          target_shape[1]):
+            partial += 1
+            partial_tokens += int(target_real)
     return BatchStats(count, pairs, sorted(shapes), int(totals[0]), int(totals[1]),
-                      int(totals[2]), int(totals[3]), max_padded)
+                      int(totals[2]), int(totals[3]), max_padded, partial, partial_tokens)
 
 
 # ----------------------------------------------------------------------------- CLI entry points
@@ -703,7 +713,8 @@ def data_stats(data_config: DataConfig, vocab_dir: str | os.PathLike | None = No
         }
         if split == data_config.train_split:
             bucketed = batch_stats(make_batches(pairs, source_tokenizer, target_tokenizer,
-                                                data_config, training=False))
+                                                data_config, training=False),
+                                   data_config.tokens_per_batch)
             fixed = batch_stats(fixed_size_batches(pairs, source_tokenizer, target_tokenizer,
                                                    data_config))
             entry["batches"] = _batch_entry(bucketed, data_config.tokens_per_batch)
@@ -730,12 +741,14 @@ def _corpus_entry(data_config: DataConfig, corpus: CorpusConfig, source_tokenize
     pairs = load_corpus_pairs(data_config, corpus)
     stats = pair_stats(pairs, source_tokenizer, target_tokenizer, data_config)
     batches = batch_stats(make_batches(pairs, source_tokenizer, target_tokenizer, data_config,
-                                       training=False))
+                                       training=False), data_config.tokens_per_batch)
     weights = [entry.weight for entry in data_config.corpora]
     return {"name": corpus_name(corpus), "weight": corpus.weight, "tag": corpus.tag,
             "share": corpus.weight / sum(weights), "pairs": stats.total, "kept": stats.kept,
             "dropped": stats.dropped, "source_tokens": batches.source_tokens,
-            "target_tokens": batches.target_tokens, "batches": batches.batches}
+            "target_tokens": batches.target_tokens, "batches": batches.batches,
+            "partial_batches": batches.partial_batches,
+            "partial_target_tokens": batches.partial_target_tokens}
 
 
 def _batch_entry(stats: BatchStats, budget: int | None) -> dict:
@@ -752,4 +765,6 @@ def _batch_entry(stats: BatchStats, budget: int | None) -> dict:
     }
     if budget is not None:
         entry["tokens_per_batch"] = budget
+        entry["partial_batches"] = stats.partial_batches
+        entry["partial_target_share"] = stats.partial_target_tokens / max(stats.target_tokens, 1)
     return entry

@@ -174,6 +174,7 @@ def test_data_stats_reports_each_corpus(multi30k_config, small_corpora, tmp_path
             "33.3% of the training batches") in report
     assert "\n  300 pairs: 300 kept, dropped 0 empty, 0 too_long; " in report
     assert "\n  60 pairs: 60 kept, dropped 0 empty, 0 too_long; " in report
+    assert report.count("are a length bucket's last, smaller batch") == 3  # train split, corpora
 
 
 def test_a_missing_corpus_file_is_named(multi30k_config, small_corpora):

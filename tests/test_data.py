@@ -1,6 +1,7 @@
 """Input pipeline: sources (files, tfds mock, Multi30k builder local and over HTTP), bad input,
 token-budget buckets, counting of dropped pairs."""
 
+import collections
 import functools
 import gzip
 import http.server
@@ -254,6 +255,23 @@ def test_every_pair_is_kept_or_counted_and_batches_fit_the_budget(train_batches)
     assert len(measured.shapes) < 100
 
 
+def test_partial_batches_are_each_buckets_last_smaller_batch(train_batches):
+    """One pass gives each (source, target) bucket full batches, then one partial batch unless
+    its pair count is a multiple of its batch size: `batch_stats` counts those."""
+    config, _, _, batches = train_batches
+    measured = batch_stats(batches, config.tokens_per_batch)
+    pairs, tokens = collections.Counter(), collections.Counter()
+    for (source, _), target_out in batches:
+        key = (source.shape[1], target_out.shape[1])
+        pairs[key] += source.shape[0]
+        tokens[key] += int(tf.math.count_nonzero(target_out))
+    size = {key: config.tokens_per_batch // max(key) for key in pairs}
+    partial = [key for key in pairs if pairs[key] % size[key]]
+    assert measured.partial_batches == len(partial) > 0
+    assert 0 < measured.partial_target_tokens < sum(tokens[key] for key in partial)
+    assert batch_stats(batches).partial_batches == 0  # counted only against a budget
+
+
 def test_targets_are_shifted_and_nothing_is_truncated(train_batches):
     config, _, _, batches = train_batches
     for (source, target_in), target_out in batches.take(20):
@@ -393,6 +411,10 @@ def test_data_stats_report(sentencepiece_vocab, multi30k_dir):
     assert (f"bucketed batches: {bucketed['batches']} batches in {bucketed['shapes']} shapes"
             in report)
     assert f"(max padded {bucketed['max_padded_tokens']}, budget 2048)" in report
+    assert 0 < bucketed["partial_batches"] < bucketed["batches"]
+    assert 0 < bucketed["partial_target_share"] < 0.5
+    assert (f"    {bucketed['partial_batches']} of the {bucketed['batches']} batches are a length "
+            "bucket's last, smaller batch") in report
 
 
 def test_read_lines_reads_plain_and_gzip_alike(tmp_path):
