@@ -119,11 +119,14 @@ def _data_stats(args) -> int:
     return 0
 
 
-def partial_line(partial: int, batches: int, target_share: float) -> str:
+def partial_line(partial: int, batches: int, target_share: float, carried: bool) -> str:
     """What a pass's partial batches (each length bucket's last, smaller one) take."""
+    training = ("training carries their pairs into the next pass instead "
+                "(data.carry_remainders)" if carried else "training makes them too "
+                "(data.carry_remainders is off)")
     return (f"{partial} of the {batches} batches are a length bucket's last, smaller batch "
             f"({partial / max(batches, 1):.1%} of the steps, {target_share:.1%} of the target "
-            "tokens)")
+            f"tokens); {training}")
 
 
 def format_data_stats(stats: dict) -> str:
@@ -149,7 +152,8 @@ def format_data_stats(stats: dict) -> str:
                     f"{b['target_padding']:.1%} target")
                 if "partial_batches" in b:
                     lines.append("    " + partial_line(b["partial_batches"], b["batches"],
-                                                     b["partial_target_share"]))
+                                                     b["partial_target_share"],
+                                                     stats["carry_remainders"]))
     for entry in stats.get("corpora", ()):
         dropped = ", ".join(f"{n} {reason}" for reason, n in entry["dropped"].items())
         tag = f", tag {entry['tag']}" if entry["tag"] else ""
@@ -160,7 +164,8 @@ def format_data_stats(stats: dict) -> str:
                      f"in {entry['batches']} batches")
         lines.append("  " + partial_line(entry["partial_batches"], entry["batches"],
                                          entry["partial_target_tokens"]
-                                         / max(entry["target_tokens"], 1)))
+                                         / max(entry["target_tokens"], 1),
+                                         stats["carry_remainders"]))
     return "\n".join(lines)
 
 

@@ -189,6 +189,10 @@ class DataConfig:
     tokens_per_batch: int = 4096  # padded source (and target) tokens in one global batch
     bucket_step: int = 8  # batches are padded to a multiple of this length
     shuffle_buffer: int = 30000
+    # Training: the pairs of a length bucket that do not fill a batch at the end of a pass wait
+    # for the next pass, so that every training batch is full (one shape per bucket); false:
+    # each bucket ends its pass with a smaller batch. Runs saved without this key had false.
+    carry_remainders: bool = True
     # Subword regularization (Kudo 2018), sentencepiece only: every epoch samples a new
     # segmentation of each training sentence, both sides. sp_nbest_size 0 (or 1): off, the one
     # best segmentation; -1: sample from all segmentations; n > 1: from the n best. sp_alpha:

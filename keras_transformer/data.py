@@ -480,15 +480,24 @@ class TrainingStream:
     uninterrupted run read there. Under several workers each has its own stream over its own
     shard of the pairs (`load_pairs(shard=...)`, `training.TrainingInput`).
 
-    Pass p is the pairs shuffled with the seed (`seed`, p), then batched as `make_batches`
-    batches them (with a sampling tokenizer, tokenized after the shuffle: new segmentations
-    each pass). `batches(start)` begins at batch `start` of the stream: at pass
-    start // `pass_length()`, after skipping the rest in that pass. Without subword sampling
-    every pass has the same number of batches, so the position is exact; with it, pass lengths
-    vary a little and a resumed stream starts at about the same place.
+    Pass p is the pairs shuffled with the seed (`seed`, p) (with a sampling tokenizer,
+    tokenized after the shuffle: new segmentations each pass), batched as `make_batches`
+    batches them, by length bucket.
+
+    With `data.carry_remainders` (the default) the passes follow each other into the same
+    buckets: a bucket's pairs that do not fill a batch at the end of a pass wait for the next
+    pass's, so every batch is full and each bucket has one shape. A pass then holds about
+    `pass_length()` batches, and pass p's position in the stream and the pairs carried into
+    it follow from the pairs each bucket gets a pass: `batches(start)` starts at the pass
+    where batch `start` is made, with the pairs carried into it, and skips the batches of that
+    pass before `start`. Without it each pass ends every bucket with a smaller batch, every
+    pass has the same number of batches, and `batches(start)` starts at pass
+    start // `pass_length()`. Either way, without subword sampling the position is exact;
+    with it, a pass's bucket counts vary a little, and a resumed stream starts at about the
+    same place (and without the carried pairs).
 
     With `accumulate_steps` > 1 the stream's elements are groups of that many batches of one
-    shape (`group_batches`), formed within each pass; positions and pass lengths count groups.
+    shape (`group_batches`); positions and pass lengths count groups.
     """
 
     def __init__(self, pairs: tf.data.Dataset, source_tokenizer: Tokenizer,
@@ -503,13 +512,15 @@ class TrainingStream:
         # first complete pass and every later pass of any stream of this object reads it.
         examples = pairs if self._sampling else self._tokenize(pairs)
         self._examples = examples.cache() if data_config.cache else examples
-        self._pass_length = None
+        self._carry = data_config.carry_remainders
+        self._pass_length = self._counts = None
 
     def _tokenize(self, pairs):
         return _filtered_examples(pairs, *self._tokenizers, self.data_config)
 
-    def _pass(self, index) -> tf.data.Dataset:
-        """The batches of pass `index` (an int64 scalar); traced by `flat_map` only."""
+    def _pass_examples(self, index) -> tf.data.Dataset:
+        """The examples of pass `index` (an int64 scalar) in its order; traced by `flat_map`
+        only."""
         # Clearing the seed of the graph this is traced into makes the order independent of the
         # global seed, which when 0 (mod 2**31 - 1) makes tf.data's seed check compare the
         # tensor seed in Python and fail. Eagerly it would clear TensorFlow's kernel cache.
@@ -519,28 +530,124 @@ class TrainingStream:
                                           reshuffle_each_iteration=False)
         if self._sampling:
             examples = self._tokenize(examples)
+        return examples
+
+    def _batched(self, examples: tf.data.Dataset) -> tf.data.Dataset:
         batches = _bucketed(examples, self.data_config, self.num_replicas)
         if self.accumulate_steps > 1:
             return group_batches(batches, self.accumulate_steps)
         return batches
 
-    def pass_length(self) -> int:
-        """Elements (batches or groups) in one pass (pass 0's when sampling), counted once;
-        ConfigError if none."""
-        if self._pass_length is None:
-            self._pass_length = int(self._passes(0, 1).reduce(
-                tf.constant(0, tf.int64), lambda count, _: count + 1))
-            if not self._pass_length:
+    def _pass(self, index) -> tf.data.Dataset:
+        """The batches of pass `index`, each bucket's last one smaller (no carrying)."""
+        return self._batched(self._pass_examples(index))
+
+    def _examples_of_passes(self, first: int, end: int) -> tf.data.Dataset:
+        # The passes are built inside flat_map, so their options do not reach the stream.
+        return tf.data.Dataset.range(first, end).flat_map(self._pass_examples)
+
+    def bucket_counts(self) -> dict[int, int]:
+        """Pairs a pass puts in each length bucket (pass 0's when sampling), by bucket key,
+        counted once; ConfigError if there are none."""
+        if self._counts is None:
+            keys = self._examples_of_passes(0, 1).map(
+                functools.partial(_bucket_key, config=self.data_config)).batch(8192)
+            found, counts = np.unique(np.concatenate(
+                [np.zeros(0, np.int64), *keys.as_numpy_iterator()]), return_counts=True)
+            self._counts = {int(key): int(count) for key, count in zip(found, counts)}
+            if not self._counts:
                 config = self.data_config
                 raise ConfigError(
                     f"data.train_split={config.train_split!r} gives no batches: every pair is "
                     f"empty or longer than data.max_pair_length={config.max_pair_length}")
+        return self._counts
+
+    def _emission_units(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(bucket keys, pairs a pass puts in each, pairs that make one stream element)."""
+        counts = self.bucket_counts()
+        keys = np.array(sorted(counts), np.int64)
+        config = self.data_config
+        units = np.array([
+            config.tokens_per_batch // (max(key // _KEY_BASE, key % _KEY_BASE)
+                                        * config.bucket_step)
+            // self.num_replicas * self.num_replicas * self.accumulate_steps
+            for key in keys], np.int64)
+        return keys, np.array([counts[key] for key in keys], np.int64), units
+
+    def pass_length(self) -> int:
+        """Elements (batches or groups) in one pass: counted once (pass 0's when sampling);
+        with carried remainders the mean over passes, rounded (at least 1). ConfigError if
+        there are none."""
+        if self._pass_length is None:
+            if self._carry:
+                _, counts, units = self._emission_units()
+                self._pass_length = max(1, round(float(np.sum(counts / units))))
+            else:
+                self._pass_length = int(self._passes(0, 1).reduce(
+                    tf.constant(0, tf.int64), lambda count, _: count + 1))
+                if not self._pass_length:
+                    config = self.data_config
+                    raise ConfigError(
+                        f"data.train_split={config.train_split!r} gives no batches: every pair "
+                        f"is empty or longer than data.max_pair_length={config.max_pair_length}")
         return self._pass_length
+
+    def position(self, start: int) -> tuple[int, int, dict[int, int]]:
+        """Where element `start` of the carrying stream is made: (pass P, the elements of
+        pass P before it, {bucket key: pairs carried into pass P}).
+
+        After p passes a bucket with c pairs a pass and u pairs an element has made
+        floor(p c / u) elements and holds (p c) mod u pairs."""
+        keys, counts, units = self._emission_units()
+
+        def made(passes: int) -> int:
+            return int(np.sum(passes * counts // units))
+
+        low, high = 0, 1
+        while made(high) <= start:
+            low, high = high, 2 * high
+        while high - low > 1:  # made(low) <= start < made(high)
+            middle = (low + high) // 2
+            low, high = (middle, high) if made(middle) <= start else (low, middle)
+        carried = low * counts % units
+        return low, start - made(low), {int(k): int(n) for k, n in zip(keys, carried) if n}
+
+    def _carried(self, index: int, carried: dict[int, int]) -> tf.data.Dataset:
+        """The pairs carried into pass `index`: each bucket's last ones of the passes before,
+        in their order (none when sampling, whose earlier segmentations are not kept)."""
+        if self._sampling or not carried:
+            return self._examples_of_passes(0, 0)
+        counts = self.bucket_counts()
+        keys = np.array(sorted(carried), np.int64)
+        back = max(-(-carried[key] // counts[key]) for key in carried)  # passes to look at
+        # Bucket b's pairs in the passes looked at are counts[b] * back; keep its last ones.
+        first_kept = tf.constant([counts[key] * back - carried[key] for key in keys], tf.int64)
+        sorted_keys = tf.constant(keys)
+
+        def count(seen, example):
+            key = _bucket_key(*example, config=self.data_config)
+            index = tf.minimum(tf.searchsorted(sorted_keys, key[None], out_type=tf.int64)[0],
+                               len(keys) - 1)
+            known = sorted_keys[index] == key
+            keep = tf.logical_and(known, seen[index] >= first_kept[index])
+            added = tf.tensor_scatter_nd_add(seen, tf.reshape(index, [1, 1]),
+                                             tf.ones([1], tf.int64))
+            return tf.where(known, added, seen), (example, keep)
+
+        return (self._examples_of_passes(index - back, index)
+                .scan(tf.zeros([len(keys)], tf.int64), count)
+                .filter(lambda example, keep: keep)
+                .map(lambda example, keep: example))
 
     def batches(self, start: int = 0) -> tf.data.Dataset:
         """The stream from its element `start` (0: the first), endless."""
-        first_pass, skip = divmod(start, self.pass_length()) if start else (0, 0)
-        return self._passes(first_pass, 2 ** 62).skip(skip).prefetch(AUTOTUNE)
+        if not self._carry:
+            first_pass, skip = divmod(start, self.pass_length()) if start else (0, 0)
+            return self._passes(first_pass, 2 ** 62).skip(skip).prefetch(AUTOTUNE)
+        first_pass, skip, carried = self.position(start) if start else (0, 0, {})
+        examples = self._carried(first_pass, carried).concatenate(
+            self._examples_of_passes(first_pass, 2 ** 62))
+        return without_autotuning(self._batched(examples).skip(skip).prefetch(AUTOTUNE))
 
     def _passes(self, first: int, end: int) -> tf.data.Dataset:
         # The passes are built inside flat_map, so their options do not reach the stream.
@@ -695,6 +802,7 @@ def data_stats(data_config: DataConfig, vocab_dir: str | os.PathLike | None = No
     result = {"dataset": data_config.dataset,
               "direction": f"{data_config.source_lang}->{data_config.target_lang}",
               "tokenizer": data_config.tokenizer,
+              "carry_remainders": data_config.carry_remainders,
               "vocab_size": {"source": source_tokenizer.vocab_size,
                              "target": target_tokenizer.vocab_size},
               "splits": {}}

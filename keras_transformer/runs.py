@@ -47,7 +47,8 @@ import numpy as np
 
 from keras_transformer import data as data_lib
 from keras_transformer import legacy_weights
-from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig
+from keras_transformer.config import (ConfigError, ExperimentConfig, ModelConfig,
+                                     load_yaml_with_bases)
 from keras_transformer.model import Transformer
 from keras_transformer.text_io import errno_of, first_line, write_error
 from keras_transformer.tokenizers import (META_FILE, Tokenizer, build_tokenizers, load_tokenizers,
@@ -179,11 +180,12 @@ class Run:
             if not self.config_path.is_file():
                 raise ConfigError(f"{self.path} is not a training run ({CONFIG_FILE} not found)")
             try:
-                self._config = ExperimentConfig.from_yaml(self.config_path)
+                config = ExperimentConfig.from_yaml(self.config_path)
             except ConfigError as error:
                 if str(error).startswith(str(self.config_path)):
                     raise
                 raise ConfigError(f"{self.config_path}: {error}") from None
+            self._config = _as_trained(config, self.config_path)
         return self._config
 
     def save_config(self, config: ExperimentConfig) -> None:
@@ -735,6 +737,17 @@ _CHECKPOINT_NAME = re.compile(r"epoch_(\d+)\.weights\.h5")
 
 def _epoch_of(path: Path) -> int:
     return int(_CHECKPOINT_NAME.fullmatch(path.name).group(1))  # epoch_007.weights.h5 -> 7
+
+
+def _as_trained(config: ExperimentConfig, path: Path) -> ExperimentConfig:
+    """A saved config with the defaults its run was trained with where the file predates a
+    key: runs saved before `data.carry_remainders` ended each bucket's pass with a smaller
+    batch (so a resumed run reads the stream it read, or is refused when told otherwise)."""
+    saved = load_yaml_with_bases(path).get("data") or {}
+    if "carry_remainders" not in saved:
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data,
+                                                                      carry_remainders=False))
+    return config
 
 
 def _comparable(config: ExperimentConfig) -> dict:

@@ -415,6 +415,7 @@ def test_data_stats_report(sentencepiece_vocab, multi30k_dir):
     assert 0 < bucketed["partial_target_share"] < 0.5
     assert (f"    {bucketed['partial_batches']} of the {bucketed['batches']} batches are a length "
             "bucket's last, smaller batch") in report
+    assert "training carries their pairs into the next pass instead" in report
 
 
 def test_read_lines_reads_plain_and_gzip_alike(tmp_path):

@@ -3,6 +3,7 @@ ends with the weights of the uninterrupted run, a larger train.epochs extends a 
 if it had never stopped, a damaged checkpoint is named and training goes on from the one before,
 and the training stream restarts at the batch where it stopped."""
 
+import collections
 import functools
 import hashlib
 import json
@@ -178,12 +179,50 @@ def test_the_training_stream_order_depends_on_its_seed_alone(sentencepiece_vocab
     assert first_batches(None, 0) != first_batches(None, 7)  # and leaves no global seed set
 
 
+@pytest.mark.parametrize("accumulate_steps", [1, 3])
+def test_a_carrying_stream_makes_only_full_batches_and_resumes_anywhere(
+        sentencepiece_vocab, multi30k_config, accumulate_steps):
+    """With `data.carry_remainders` every element is full (one shape per bucket), the first P
+    passes' elements hold their pairs but those still carried, each once, and a stream started
+    at any element equals the whole stream from there, carried pairs included."""
+    config = multi30k_config(tokens_per_batch=1024, max_pair_length=32)
+    assert config.carry_remainders
+    pairs = data_lib.load_pairs(config, "validation").take(400)
+    stream = data_lib.TrainingStream(pairs, *load_tokenizers(*sentencepiece_vocab), config,
+                                     seed=7, accumulate_steps=accumulate_steps)
+    counts = stream.bucket_counts()
+    passes = 3
+    made = sum(passes * count // unit for count, unit in zip(*stream._emission_units()[1:]))
+    whole = list(stream.batches().take(made + 5))
+    sizes = {}
+    for (source, _), target in whole:
+        key = (source.shape[-1], target.shape[-1])
+        assert sizes.setdefault(key, source.shape[0]) == source.shape[0]  # one shape a bucket
+        assert source.shape[0] == 1024 // max(key)  # full
+        if accumulate_steps > 1:
+            assert source.shape[1] == accumulate_steps
+    _, _, carried = stream.position(made)
+    pairs_made = sum(source.shape[0] * accumulate_steps for (source, _), _ in whole[:made])
+    assert pairs_made == passes * sum(counts.values()) - sum(carried.values())
+    rows = [row.tobytes() for (source, _), target in whole[:made]
+            for row in np.concatenate([source.numpy(), target.numpy()], axis=-1).reshape(
+                -1, source.shape[-1] + target.shape[-1])]
+    assert max(collections.Counter(rows).values()) <= passes
+    for start in (1, made // 3, made // 2 + 1, made - 1, made):
+        resumed = list(stream.batches(start).take(len(whole) - start))
+        assert len(resumed) == len(whole) - start
+        for got, want in zip(resumed, whole[start:]):
+            for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(want)):
+                np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert any(stream.position(start)[2] for start in (made // 2 + 1, made))  # pairs carried
+
+
 def test_a_grouped_training_stream_holds_each_pass_once_and_resumes_at_a_group(
         sentencepiece_vocab, multi30k_config):
-    """With gradient accumulation the stream's elements are groups of batches of one shape: a
-    pass still holds every kept pair once, and a stream started at group N equals the whole
-    stream from its N-th group."""
-    config = multi30k_config(tokens_per_batch=1024, max_pair_length=32)
+    """Without carrying, with gradient accumulation the stream's elements are groups of
+    batches of one shape: a pass still holds every kept pair once, and a stream started at
+    group N equals the whole stream from its N-th group."""
+    config = multi30k_config(tokens_per_batch=1024, max_pair_length=32, carry_remainders=False)
     pairs = data_lib.load_pairs(config, "train").take(1000)
     tokenizers = load_tokenizers(*sentencepiece_vocab)
 

@@ -477,3 +477,25 @@ def test_a_second_training_in_a_folder_in_use_is_refused_until_the_first_is_kill
                 assert (tmp_path / ".train-worker-1.lock").is_file()
         finally:
             del os.environ["TF_CONFIG"]
+
+
+def test_a_run_saved_before_carry_remainders_resumes_as_it_was_trained(tmp_path):
+    """Runs saved without `data.carry_remainders` ended each bucket's pass with a smaller
+    batch: their config reads false, so resuming with today's default is refused in one line
+    naming the key, and resuming with the key off goes on."""
+    import yaml
+
+    config = ExperimentConfig()
+    assert config.data.carry_remainders
+    values = config.to_dict()
+    del values["data"]["carry_remainders"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(values))
+    assert Run(tmp_path).config.data.carry_remainders is False
+    with pytest.raises(ConfigError, match=r"holds another run's config \(differs in "
+                                          r"data\.carry_remainders\)"):
+        Run.create(config, tmp_path)
+    old = dataclasses.replace(config, data=dataclasses.replace(config.data,
+                                                               carry_remainders=False))
+    assert Run.create(old, tmp_path).config == old
+    config.to_yaml(tmp_path / "new.yaml")  # a config saved now keeps the key
+    assert "carry_remainders: true" in (tmp_path / "new.yaml").read_text()
