@@ -376,6 +376,19 @@ def _bucket_key(inputs, target_out, config: DataConfig):
     return bucket(inputs[0]) * _KEY_BASE + bucket(target_out)
 
 
+def _dense(ids):
+    """A row that unbatching ragged batches gives as a RaggedTensor of ragged rank 0, as the
+    plain Tensor the other examples are."""
+    return ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+
+
+def _bucket_keys(source_lengths, target_lengths, config: DataConfig):
+    """`_bucket_key` of many examples from their lengths (target_out's), int64 `[n]`."""
+    def bucket(lengths):
+        return (tf.cast(lengths, tf.int64) + config.bucket_step - 1) // config.bucket_step
+    return bucket(source_lengths) * _KEY_BASE + bucket(target_lengths)
+
+
 def _bucket_shape(key, config: DataConfig):
     """(source_length, target_length) that the bucket `key` pads to, as int64 scalars."""
     return key // _KEY_BASE * config.bucket_step, key % _KEY_BASE * config.bucket_step
@@ -513,7 +526,7 @@ class TrainingStream:
         examples = pairs if self._sampling else self._tokenize(pairs)
         self._examples = examples.cache() if data_config.cache else examples
         self._carry = data_config.carry_remainders
-        self._pass_length = self._counts = None
+        self._pass_length = self._counts = self._keys = None
 
     def _tokenize(self, pairs):
         return _filtered_examples(pairs, *self._tokenizers, self.data_config)
@@ -524,13 +537,36 @@ class TrainingStream:
         # Clearing the seed of the graph this is traced into makes the order independent of the
         # global seed, which when 0 (mod 2**31 - 1) makes tf.data's seed check compare the
         # tensor seed in Python and fail. Eagerly it would clear TensorFlow's kernel cache.
-        tf.random.set_seed(None)
-        seed = tf.constant(self.seed, tf.int64) * 1_000_003 + index
-        examples = self._examples.shuffle(self.data_config.shuffle_buffer, seed=seed,
-                                          reshuffle_each_iteration=False)
+        examples = self._shuffled(self._examples, index)
         if self._sampling:
             examples = self._tokenize(examples)
         return examples
+
+    def _shuffled(self, dataset: tf.data.Dataset, index) -> tf.data.Dataset:
+        """`dataset` in pass `index`'s order. The order depends on the seeds and the number of
+        elements only, so the cached examples and their indices (`_pass_orders`) get the same."""
+        # Clearing the seed of the graph this is traced into makes the order independent of the
+        # global seed, which when 0 (mod 2**31 - 1) makes tf.data's seed check compare the
+        # tensor seed in Python and fail. Eagerly it would clear TensorFlow's kernel cache.
+        tf.random.set_seed(None)
+        seed = tf.constant(self.seed, tf.int64) * 1_000_003 + index
+        return dataset.shuffle(self.data_config.shuffle_buffer, seed=seed,
+                               reshuffle_each_iteration=False)
+
+    def _cache_keys(self) -> np.ndarray:
+        """The bucket key of each cached example, in cache order (without sampling), once."""
+        if self._keys is None:
+            keys = self._examples.map(
+                functools.partial(_bucket_key, config=self.data_config)).batch(8192)
+            self._keys = np.concatenate([np.zeros(0, np.int64), *keys.as_numpy_iterator()])
+        return self._keys
+
+    def _pass_orders(self, first: int, end: int) -> np.ndarray:
+        """The cache indices of the examples of passes `first` to `end` - 1, in stream order."""
+        count = len(self._cache_keys())
+        indices = tf.data.Dataset.range(first, end).flat_map(
+            lambda index: self._shuffled(tf.data.Dataset.range(count), index)).batch(1 << 16)
+        return np.concatenate([np.zeros(0, np.int64), *indices.as_numpy_iterator()])
 
     def _batched(self, examples: tf.data.Dataset) -> tf.data.Dataset:
         batches = _bucketed(examples, self.data_config, self.num_replicas)
@@ -550,10 +586,13 @@ class TrainingStream:
         """Pairs a pass puts in each length bucket (pass 0's when sampling), by bucket key,
         counted once; ConfigError if there are none."""
         if self._counts is None:
-            keys = self._examples_of_passes(0, 1).map(
-                functools.partial(_bucket_key, config=self.data_config)).batch(8192)
-            found, counts = np.unique(np.concatenate(
-                [np.zeros(0, np.int64), *keys.as_numpy_iterator()]), return_counts=True)
+            if self._sampling:
+                keys = np.concatenate([np.zeros(0, np.int64), *self._examples_of_passes(0, 1).map(
+                    functools.partial(_bucket_key, config=self.data_config)).batch(8192)
+                    .as_numpy_iterator()])
+            else:
+                keys = self._cache_keys()
+            found, counts = np.unique(keys, return_counts=True)
             self._counts = {int(key): int(count) for key, count in zip(found, counts)}
             if not self._counts:
                 config = self.data_config
@@ -614,30 +653,33 @@ class TrainingStream:
 
     def _carried(self, index: int, carried: dict[int, int]) -> tf.data.Dataset:
         """The pairs carried into pass `index`: each bucket's last ones of the passes before,
-        in their order (none when sampling, whose earlier segmentations are not kept)."""
+        in their order (none when sampling, whose earlier segmentations are not kept).
+
+        Which ones follows from the passes' orders of cache indices and each example's bucket,
+        without reading the examples of those passes; then one read of the cache fetches
+        them."""
         if self._sampling or not carried:
             return self._examples_of_passes(0, 0)
         counts = self.bucket_counts()
-        keys = np.array(sorted(carried), np.int64)
         back = max(-(-carried[key] // counts[key]) for key in carried)  # passes to look at
-        # Bucket b's pairs in the passes looked at are counts[b] * back; keep its last ones.
-        first_kept = tf.constant([counts[key] * back - carried[key] for key in keys], tf.int64)
-        sorted_keys = tf.constant(keys)
-
-        def count(seen, example):
-            key = _bucket_key(*example, config=self.data_config)
-            index = tf.minimum(tf.searchsorted(sorted_keys, key[None], out_type=tf.int64)[0],
-                               len(keys) - 1)
-            known = sorted_keys[index] == key
-            keep = tf.logical_and(known, seen[index] >= first_kept[index])
-            added = tf.tensor_scatter_nd_add(seen, tf.reshape(index, [1, 1]),
-                                             tf.ones([1], tf.int64))
-            return tf.where(known, added, seen), (example, keep)
-
-        return (self._examples_of_passes(index - back, index)
-                .scan(tf.zeros([len(keys)], tf.int64), count)
-                .filter(lambda example, keep: keep)
-                .map(lambda example, keep: example))
+        order = self._pass_orders(index - back, index)
+        keys = self._cache_keys()[order]
+        positions = np.sort(np.concatenate(
+            [np.flatnonzero(keys == key)[-count:] for key, count in carried.items()]))
+        wanted = order[positions]  # cache indices in stream order (a pair twice from 2 passes)
+        in_cache_order = np.unique(wanted)
+        selected = np.zeros(len(self._cache_keys()), bool)
+        selected[in_cache_order] = True
+        selected = tf.constant(selected)
+        rows = tf.constant(np.searchsorted(in_cache_order, wanted))
+        fetched = (self._examples.enumerate()
+                   .filter(lambda i, example: selected[i])
+                   .map(lambda i, example: example)
+                   .ragged_batch(len(in_cache_order)))
+        return (fetched.flat_map(lambda *batch: tf.data.Dataset.from_tensor_slices(
+                    tf.nest.map_structure(lambda ids: tf.gather(ids, rows), batch)))
+                .map(lambda inputs, target_out: tf.nest.map_structure(
+                    _dense, (inputs, target_out))))
 
     def batches(self, start: int = 0) -> tf.data.Dataset:
         """The stream from its element `start` (0: the first), endless."""
