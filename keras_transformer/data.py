@@ -605,12 +605,9 @@ class TrainingStream:
         """(bucket keys, pairs a pass puts in each, pairs that make one stream element)."""
         counts = self.bucket_counts()
         keys = np.array(sorted(counts), np.int64)
-        config = self.data_config
-        units = np.array([
-            config.tokens_per_batch // (max(key // _KEY_BASE, key % _KEY_BASE)
-                                        * config.bucket_step)
-            // self.num_replicas * self.num_replicas * self.accumulate_steps
-            for key in keys], np.int64)
+        units = np.array([int(_bucket_batch_size(tf.constant(key), self.data_config,
+                                                 self.num_replicas)) * self.accumulate_steps
+                          for key in keys], np.int64)
         return keys, np.array([counts[key] for key in keys], np.int64), units
 
     def pass_length(self) -> int:
