@@ -439,7 +439,7 @@ def run_onmt(args) -> dict:
                                  sizes["share_embeddings"]),
         pre_norm=sizes["pre_norm"], output_layer_bias=sizes["output_layer_bias"])
 
-    record = {"start": None, "evaluations": [], "windows": [], "window_ends": {}}
+    record = {"start": None, "evaluations": [], "windows": []}
     call, steps = training.Trainer.__call__, training.Trainer._steps
 
     def timed_call(self, *a, **k):  # the training loop's start: minute 0
@@ -491,8 +491,8 @@ def run_onmt(args) -> dict:
     def recorded_summary(self):
         values = summary(self)
         if "target" in values["words_per_sec"]:
-            record["windows"].append((int(values["step"]), values["words_per_sec"]["target"]))
-            record["window_ends"].setdefault(int(values["step"]), time.time() - record["start"])
+            record["windows"].append((int(values["step"]), values["words_per_sec"]["target"],
+                                      time.time() - record["start"]))
         return values
 
     training.Trainer.__call__, training.Trainer._steps = timed_call, limited_steps
@@ -510,13 +510,12 @@ def run_onmt(args) -> dict:
     # get_last_summary is also called for the final log, whose window ends at the loop's end
     # (after a checkpoint or an evaluation, which reset it): only the regular reports count.
     window_steps = settings["config"]["train"]["save_summary_steps"]
-    windows = [w for w in record["windows"] if w[0] % window_steps == 0]
-    windows = list(dict(windows).items())
+    regular = [w for w in record["windows"] if w[0] % window_steps == 0]
+    windows = list({step: rate for step, rate, _ in regular}.items())
+    ends = {step: seconds for step, _, seconds in reversed(regular)}  # a step's first report
     return {"side": "onmt", **warm_rates(windows), "window_steps": window_steps,
             "profile": profile,
-            "startup": startup([(step, seconds) for step, seconds in record["window_ends"].items()
-                                if step % window_steps == 0],
-                               settings["config"]["eval"]["steps"]),
+            "startup": startup(list(ends.items()), settings["config"]["eval"]["steps"]),
             "precision": tf.keras.mixed_precision.global_policy().name,
             "steps": record["steps"], "params": record["params"],
             "model": f"{sizes['num_layers'][0]}+{sizes['num_layers'][1]} layers, d_model "

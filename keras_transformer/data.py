@@ -382,13 +382,6 @@ def _dense(ids):
     return ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
 
 
-def _bucket_keys(source_lengths, target_lengths, config: DataConfig):
-    """`_bucket_key` of many examples from their lengths (target_out's), int64 `[n]`."""
-    def bucket(lengths):
-        return (tf.cast(lengths, tf.int64) + config.bucket_step - 1) // config.bucket_step
-    return bucket(source_lengths) * _KEY_BASE + bucket(target_lengths)
-
-
 def _bucket_shape(key, config: DataConfig):
     """(source_length, target_length) that the bucket `key` pads to, as int64 scalars."""
     return key // _KEY_BASE * config.bucket_step, key % _KEY_BASE * config.bucket_step
@@ -553,13 +546,22 @@ class TrainingStream:
         return dataset.shuffle(self.data_config.shuffle_buffer, seed=seed,
                                reshuffle_each_iteration=False)
 
+    def _keys_of(self, examples: tf.data.Dataset) -> np.ndarray:
+        """The bucket key of each example, in order."""
+        keys = examples.map(functools.partial(_bucket_key, config=self.data_config)).batch(8192)
+        return np.concatenate([np.zeros(0, np.int64), *keys.as_numpy_iterator()])
+
     def _cache_keys(self) -> np.ndarray:
         """The bucket key of each cached example, in cache order (without sampling), once."""
         if self._keys is None:
-            keys = self._examples.map(
-                functools.partial(_bucket_key, config=self.data_config)).batch(8192)
-            self._keys = np.concatenate([np.zeros(0, np.int64), *keys.as_numpy_iterator()])
+            self._keys = self._keys_of(self._examples)
         return self._keys
+
+    def _no_batches(self) -> ConfigError:
+        config = self.data_config
+        return ConfigError(
+            f"data.train_split={config.train_split!r} gives no batches: every pair is empty or "
+            f"longer than data.max_pair_length={config.max_pair_length}")
 
     def _pass_orders(self, first: int, end: int) -> np.ndarray:
         """The cache indices of the examples of passes `first` to `end` - 1, in stream order."""
@@ -586,19 +588,12 @@ class TrainingStream:
         """Pairs a pass puts in each length bucket (pass 0's when sampling), by bucket key,
         counted once; ConfigError if there are none."""
         if self._counts is None:
-            if self._sampling:
-                keys = np.concatenate([np.zeros(0, np.int64), *self._examples_of_passes(0, 1).map(
-                    functools.partial(_bucket_key, config=self.data_config)).batch(8192)
-                    .as_numpy_iterator()])
-            else:
-                keys = self._cache_keys()
+            keys = (self._keys_of(self._examples_of_passes(0, 1)) if self._sampling
+                    else self._cache_keys())
             found, counts = np.unique(keys, return_counts=True)
             self._counts = {int(key): int(count) for key, count in zip(found, counts)}
             if not self._counts:
-                config = self.data_config
-                raise ConfigError(
-                    f"data.train_split={config.train_split!r} gives no batches: every pair is "
-                    f"empty or longer than data.max_pair_length={config.max_pair_length}")
+                raise self._no_batches()
         return self._counts
 
     def _emission_units(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -622,10 +617,7 @@ class TrainingStream:
                 self._pass_length = int(self._passes(0, 1).reduce(
                     tf.constant(0, tf.int64), lambda count, _: count + 1))
                 if not self._pass_length:
-                    config = self.data_config
-                    raise ConfigError(
-                        f"data.train_split={config.train_split!r} gives no batches: every pair "
-                        f"is empty or longer than data.max_pair_length={config.max_pair_length}")
+                    raise self._no_batches()
         return self._pass_length
 
     def position(self, start: int) -> tuple[int, int, dict[int, int]]:

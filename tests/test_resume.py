@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from keras_transformer import data as data_lib
 from keras_transformer import training
-from keras_transformer.config import ExperimentConfig
+from keras_transformer.config import ConfigError, ExperimentConfig
 from keras_transformer.runs import Run
 from keras_transformer.tokenizers import load_tokenizers
 from helpers import read_events, write_config
@@ -245,3 +245,16 @@ def test_a_grouped_training_stream_holds_each_pass_once_and_resumes_at_a_group(
     [resumed] = new_stream(3).batches(start).take(1)
     for a, b in zip(tf.nest.flatten(resumed), tf.nest.flatten(groups[start])):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("carry", [True, False])
+def test_a_stream_whose_pairs_are_all_dropped_says_so_in_one_line(sentencepiece_vocab,
+                                                                   multi30k_config, carry):
+    config = multi30k_config(max_pair_length=3, carry_remainders=carry)  # START, 1 piece, END
+    pairs = data_lib.load_pairs(config, "validation").take(50)
+    stream = data_lib.TrainingStream(pairs, *load_tokenizers(*sentencepiece_vocab), config,
+                                     seed=1)
+    with pytest.raises(ConfigError, match=r"^data.train_split='train' gives no batches: every "
+                                          r"pair is empty or longer than "
+                                          r"data.max_pair_length=3$"):
+        stream.pass_length()
