@@ -16,7 +16,8 @@
 # experiments/RESULTS.md), BT (the folder of the synthetic corpus, default runs/bt_SEARCH for
 # en_de, runs/bt_SEARCH_en for de_en), RUN (default runs/multi30k_DIRECTION_bt), REAL_WEIGHT and
 # SYNTHETIC_WEIGHT (default 1 and 1), TAG (default <BT>; empty: untagged), FINETUNE_MINUTES
-# (default: none), KERAS_TRANSFORMER_DATA (the Multi30k folder; the captions are read from
+# (default: none), AVERAGE (the checkpoints averaged, as reproduce.sh: English-German chose 15
+# on validation, experiments/RESULTS.md), KERAS_TRANSFORMER_DATA (the Multi30k folder; the captions are read from
 # multi30k-captions beside it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,6 +70,6 @@ RUN="$RUN" bash experiments/reproduce.sh "multi30k_${DIRECTION}_bt" \
 if [ -n "${FINETUNE_MINUTES:-}" ]; then
   echo "== 4. fine-tuning on the real pairs for $FINETUNE_MINUTES minutes"
   RUN="${RUN}_ft" bash experiments/reproduce.sh "multi30k_$DIRECTION" \
-    --init-from "$RUN/average_last5.weights.h5" --set "train.budget_minutes=$FINETUNE_MINUTES" \
+    --init-from "$RUN/average_last${AVERAGE:-5}.weights.h5" --set "train.budget_minutes=$FINETUNE_MINUTES" \
     --set "data.vocab_dir=$RUN/vocab"
 fi
