@@ -12,7 +12,8 @@
 #      (a fresh optimizer and schedule), scored the same way.
 # Usage: bash experiments/backtranslate.sh [extra --set ... for step 3]
 # Environment: DIRECTION (en_de | de_en), BT_RUN (default runs/multi30k_de_en for en_de,
-# runs/multi30k_en_de for de_en), SEARCH (beam | sampling; beam won on validation,
+# runs/multi30k_en_de for de_en), BT_WEIGHTS (its weights, default its average of the last 5,
+# else its best), SEARCH (beam | sampling; beam won on validation,
 # experiments/RESULTS.md), BT (the folder of the synthetic corpus, default runs/bt_SEARCH for
 # en_de, runs/bt_SEARCH_en for de_en), RUN (default runs/multi30k_DIRECTION_bt), REAL_WEIGHT and
 # SYNTHETIC_WEIGHT (default 1 and 1), TAG (default <BT>; empty: untagged), FINETUNE_MINUTES
@@ -44,8 +45,13 @@ if [ ! -f "$BT_RUN/config.yaml" ]; then
   echo "== 1. the model of the opposite direction, $OPPOSITE ($BT_RUN)"
   RUN="$BT_RUN" bash experiments/reproduce.sh "multi30k_$OPPOSITE"
 fi
-weights="$BT_RUN/average_last5.weights.h5"
-[ -f "$weights" ] || weights=best
+if [ -n "${BT_WEIGHTS:-}" ]; then
+  [ -f "$BT_WEIGHTS" ] || { echo "backtranslate.sh: BT_WEIGHTS=$BT_WEIGHTS: no such file" >&2; exit 2; }
+  weights=$BT_WEIGHTS
+else
+  weights="$BT_RUN/average_last5.weights.h5"
+  [ -f "$weights" ] || weights=best
+fi
 
 echo "== 2. back-translating the captions in $TARGET ($SEARCH, $weights)"
 mkdir -p "$BT"
