@@ -18,8 +18,8 @@
 # en_de, runs/bt_SEARCH_en for de_en), RUN (default runs/multi30k_DIRECTION_bt), REAL_WEIGHT and
 # SYNTHETIC_WEIGHT (default 1 and 1), TAG (default <BT>; empty: untagged), FINETUNE_MINUTES
 # (default: none), AVERAGE (the checkpoints averaged, as reproduce.sh: English-German chose 15
-# on validation, experiments/RESULTS.md), KERAS_TRANSFORMER_DATA (the Multi30k folder; the captions are read from
-# multi30k-captions beside it).
+# on validation, experiments/RESULTS.md), KERAS_TRANSFORMER_DATA (the Multi30k folder; the
+# captions are read from multi30k-captions beside it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${KERAS_TRANSFORMER_DATA:?set KERAS_TRANSFORMER_DATA to the Multi30k folder}"
