@@ -5,11 +5,15 @@
 #   2. the unique Task 2 captions of the target language (multi30k-captions/train.{1..5}.LANG.gz)
 #      translated into the source language by it (beam 4 by default: SEARCH=sampling samples),
 #      resumable, in $BT/;
+#      with MIN_SCORE, MAX_LENGTH_RATIO or MAX_REPEAT, the pairs `keras-transformer filter` keeps
+#      (MIN_SCORE: log P / lp of each translation by the model that wrote it, `score`), in
+#      $BT/filtered_RULES/;
 #   3. the direction trained on the real pairs and the synthetic ones
 #      (experiments/multi30k_DIRECTION_bt.yaml), averaged, tuned on validation and scored on
 #      test by reproduce.sh;
 #   4. with FINETUNE_MINUTES, that model fine-tuned on the real pairs alone for that many minutes
-#      (a fresh optimizer and schedule), scored the same way.
+#      (a fresh optimizer and schedule; FINETUNE_LR_SCALE sets its train.learning_rate_scale),
+#      scored the same way.
 # Usage: bash experiments/backtranslate.sh [extra --set ... for step 3]
 # Environment: DIRECTION (en_de | de_en), BT_RUN (default runs/multi30k_de_en for en_de,
 # runs/multi30k_en_de for de_en), BT_WEIGHTS (its weights, default its average of the last 5,
@@ -46,7 +50,9 @@ if [ ! -f "$BT_RUN/config.yaml" ]; then
   RUN="$BT_RUN" bash experiments/reproduce.sh "multi30k_$OPPOSITE"
 fi
 if [ -n "${BT_WEIGHTS:-}" ]; then
-  [ -f "$BT_WEIGHTS" ] || { echo "backtranslate.sh: BT_WEIGHTS=$BT_WEIGHTS: no such file" >&2; exit 2; }
+  if [ ! -f "$BT_WEIGHTS" ]; then
+    echo "backtranslate.sh: BT_WEIGHTS=$BT_WEIGHTS: no such file" >&2; exit 2
+  fi
   weights=$BT_WEIGHTS
 else
   weights="$BT_RUN/average_last5.weights.h5"
@@ -68,6 +74,28 @@ if [ ! -f "$SYNTHETIC" ] || [ -f "$SYNTHETIC.resume.json" ]; then
 fi
 echo "back-translation wall time: $(( $(date +%s) - start )) s"
 
+if [ -n "${MIN_SCORE:-}${MAX_LENGTH_RATIO:-}${MAX_REPEAT:-}" ]; then
+  echo "== 2b. filtering the synthetic pairs"
+  rules=() kept=filtered
+  if [ -n "${MIN_SCORE:-}" ]; then
+    scores="$SYNTHETIC.scores"  # by the model that wrote them: log P / lp of each translation
+    [ -f "$scores" ] || "$KT" score --run "$BT_RUN" --weights "$weights" \
+      --source "$MONOLINGUAL" --target "$SYNTHETIC" --output "$scores"
+    rules+=(--scores "$scores" --min-score "$MIN_SCORE") kept+=_score$MIN_SCORE
+  fi
+  if [ -n "${MAX_LENGTH_RATIO:-}" ]; then
+    rules+=(--max-length-ratio "$MAX_LENGTH_RATIO") kept+=_ratio$MAX_LENGTH_RATIO
+  fi
+  if [ -n "${MAX_REPEAT:-}" ]; then
+    rules+=(--max-repeat "$MAX_REPEAT") kept+=_repeat$MAX_REPEAT
+  fi
+  mkdir -p "$BT/$kept"
+  "$KT" filter --source "$SYNTHETIC" --target "$MONOLINGUAL" "${rules[@]}" \
+    --output-source "$BT/$kept/$(basename "$SYNTHETIC")" \
+    --output-target "$BT/$kept/$(basename "$MONOLINGUAL")"
+  SYNTHETIC="$BT/$kept/$(basename "$SYNTHETIC")" MONOLINGUAL="$BT/$kept/$(basename "$MONOLINGUAL")"
+fi
+
 echo "== 3. $DIRECTION on real and synthetic pairs ($RUN)"
 RUN="$RUN" bash experiments/reproduce.sh "multi30k_${DIRECTION}_bt" \
   --set "data.corpora=[{dataset: multi30k, weight: ${REAL_WEIGHT:-1.0}}, {dataset: file_pair, source_file: $SYNTHETIC, target_file: $MONOLINGUAL, weight: ${SYNTHETIC_WEIGHT:-1.0}, tag: ${TAG-<BT>}}]" \
@@ -76,6 +104,7 @@ RUN="$RUN" bash experiments/reproduce.sh "multi30k_${DIRECTION}_bt" \
 if [ -n "${FINETUNE_MINUTES:-}" ]; then
   echo "== 4. fine-tuning on the real pairs for $FINETUNE_MINUTES minutes"
   RUN="${RUN}_ft" bash experiments/reproduce.sh "multi30k_$DIRECTION" \
-    --init-from "$RUN/average_last${AVERAGE:-5}.weights.h5" --set "train.budget_minutes=$FINETUNE_MINUTES" \
-    --set "data.vocab_dir=$RUN/vocab"
+    --init-from "$RUN/average_last${AVERAGE:-5}.weights.h5" \
+    --set "train.budget_minutes=$FINETUNE_MINUTES" --set "data.vocab_dir=$RUN/vocab" \
+    ${FINETUNE_LR_SCALE:+--set "train.learning_rate_scale=$FINETUNE_LR_SCALE"}
 fi
