@@ -527,7 +527,7 @@ def test_cli_tune_search_compares_stopping_rules(varied_run_dir, tmp_path):
 # Last in this file: training seeds TensorFlow (`keras.utils.set_random_seed`), which destroys the
 # SentencePiece resources of the module's tokenizers loaded before it (see tests/conftest.py).
 @pytest.fixture(scope="module")
-def wordpiece_run(wordpiece_vocab, short_validation_dir, tmp_path_factory):
+def wordpiece_run(wordpiece_vocab, short_multi30k_dir, tmp_path_factory):
     """A tiny run trained for two steps with case-preserving WordPiece vocabularies, one per
     language (so only the decoder's embedding is tied to the output projection)."""
 
@@ -538,7 +538,7 @@ def wordpiece_run(wordpiece_vocab, short_validation_dir, tmp_path_factory):
     config = ExperimentConfig(
         name="tiny_wordpiece",
         model=ModelConfig.from_preset("tiny", share_embeddings="target"),
-        data=dataclasses.replace(data_config, data_dir=str(short_validation_dir),
+        data=dataclasses.replace(data_config, data_dir=str(short_multi30k_dir),
                                  vocab_dir=str(vocab_dir)),
         train=TrainConfig(epochs=1, steps_per_epoch=2, warmup_steps=10, strategy="one_device",
                           validation_bleu_sentences=0),

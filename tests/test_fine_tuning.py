@@ -93,13 +93,13 @@ def test_a_new_vocabulary_keeps_the_rows_of_shared_pieces(random_run, multi30k_c
     np.testing.assert_array_equal(weights[other][0], old[other])  # no vocabulary axis: copied
 
 
-def test_fine_tuning_from_the_command_line(random_run, short_validation_dir, tmp_path, capsys):
+def test_fine_tuning_from_the_command_line(random_run, short_multi30k_dir, tmp_path, capsys):
     """`train --init-from`: the child starts from the parent (record, message), adopts its
     vocabulary, learns the corpus (training loss below the parent's), and its exports say
     where it started; a parent of another shape is one line, leaving no folder."""
     parent = Run(random_run)
     values = parent.config.to_dict()
-    values["data"].update(data_dir=str(short_validation_dir), max_pair_length=24)
+    values["data"].update(data_dir=str(short_multi30k_dir), max_pair_length=24)
     values["train"].update(epochs=1, steps_per_epoch=6, warmup_steps=4, strategy="one_device",
                            validation_bleu_sentences=0, learning_rate_scale=2.0)
     config = tmp_path / "child.yaml"

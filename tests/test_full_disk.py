@@ -234,7 +234,7 @@ def test_a_checkpoint_or_log_onto_a_full_disk_stops_training_and_keeps_the_last_
 
     from keras_transformer.runs import Run, verify_weights
 
-    config = tiny_experiment(validation_bleu_sentences=0)
+    config = tiny_experiment(validation_bleu_sentences=0, strategy="one_device")
     path = write_config(dataclasses.replace(config, name="full"), tmp_path / "exp.yaml")
     run_dir = tmp_path / "run"
     fail_saving_weights(monkeypatch, after=1)

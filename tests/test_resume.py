@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_transformer import cli, training
 from keras_transformer import data as data_lib
-from keras_transformer import training
 from keras_transformer.config import ConfigError, ExperimentConfig
 from keras_transformer.runs import Run
 from keras_transformer.tokenizers import load_tokenizers
@@ -99,11 +99,11 @@ def test_a_damaged_checkpoint_is_named_and_training_goes_on_from_the_one_before(
 
 
 def test_a_killed_run_resumes_where_it_stopped_and_ends_as_if_never_killed(
-        uninterrupted_run, tiny_experiment, tmp_path):
-    """SIGKILL once epoch 1 is recorded; the same command resumes from the newest checkpoint
-    (optimizer step and moments, dropout's seeds) at the batch of the training stream where
-    that epoch ended, and ends with exactly the weights of the run trained without a kill (in
-    this process: the same CPU kernels on the same batches give the same floats)."""
+        uninterrupted_run, tiny_experiment, tmp_path, capsys):
+    """SIGKILL once epoch 1 is recorded; the same command, run in this process, resumes from the
+    newest checkpoint (optimizer step and moments, dropout's seeds) at the batch of the training
+    stream where that epoch ended, and ends with exactly the weights of the run trained without
+    a kill (in this process: the same CPU kernels on the same batches give the same floats)."""
     config_path = write_config(resumable_config(tiny_experiment, 3), tmp_path / "exp.yaml")
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "keras_transformer.cli", "train", "--config",
@@ -120,9 +120,10 @@ def test_a_killed_run_resumes_where_it_stopped_and_ends_as_if_never_killed(
     assert state.exists(), "no epoch was recorded before the deadline"
     assert json.loads(state.read_text())["epoch"] < 3, "the run ended before it was killed"
 
-    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    line = next(l for l in resumed.stdout.splitlines() if "keras-transformer train: " in l)
+    capsys.readouterr()
+    assert cli.main(command[3:]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines()
+                if "keras-transformer train: " in line)
     epoch = int(line.split("resuming at epoch ")[1].split(",")[0])
     step = int(line.split("optimizer step ")[1].split()[0])
     assert epoch in (2, 3) and step == 2 * (epoch - 1), line
