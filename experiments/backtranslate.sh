@@ -12,8 +12,9 @@
 #      (experiments/multi30k_DIRECTION_bt.yaml), averaged, tuned on validation and scored on
 #      test by reproduce.sh;
 #   4. with FINETUNE_MINUTES, that model fine-tuned on the real pairs alone for that many minutes
-#      (a fresh optimizer and schedule; FINETUNE_LR_SCALE sets its train.learning_rate_scale),
-#      scored the same way.
+#      (a fresh optimizer and schedule; FINETUNE_LR_SCALE sets its train.learning_rate_scale:
+#      0.145, a quarter of the recipe's peak, kept the model where the full peak undid part of
+#      it, experiments/RESULTS.md), scored the same way.
 # Usage: bash experiments/backtranslate.sh [extra --set ... for step 3]
 # Environment: DIRECTION (en_de | de_en), BT_RUN (default runs/multi30k_de_en for en_de,
 # runs/multi30k_en_de for de_en), BT_WEIGHTS (its weights, default its average of the last 5,
