@@ -85,10 +85,10 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 
 @pytest.fixture(scope="session")
 def short_multi30k_dir(multi30k_dir, tmp_path_factory) -> Path:
-    """Multi30k with only the first 4,000 training and 100 validation pairs (test is a link to
-    the real files): a tiny run reads a few hundred pairs an epoch, yet loaded, hashed (for its
-    resume position) and tokenized the whole training split before its first step, and
-    validated on all 1,014 pairs every epoch."""
+    """Multi30k with only the first 4,000 training and 100 validation pairs (the test files are
+    links to the real ones): a tiny run reads a few hundred pairs an epoch, yet loaded, hashed
+    (for its resume position) and tokenized the whole training split before its first step,
+    and validated on all 1,014 pairs every epoch."""
     def build(folder):
         folder.mkdir()
         for name in MULTI30K_FILES:
