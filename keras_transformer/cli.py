@@ -495,18 +495,35 @@ def _translator_module(args, **decode_settings):
     return loaded[key]
 
 
+GUARD_FLAGS = {"no_repeat_ngram_size": "--no-repeat-ngram-size",
+               "repetition_penalty": "--repetition-penalty"}
+
+
 def _load_translator_module(args, **decode_settings):
+    guard = {key: getattr(args, key) for key in GUARD_FLAGS
+             if getattr(args, key, None) is not None}
     if args.run_dir:
         from keras_transformer.translator import translator_from_run
 
         return translator_from_run(args.run_dir, weights=args.weights or "best",
-                                   beam_size=getattr(args, "beam", None), **decode_settings)
-    from keras_transformer.export import load_any
+                                   beam_size=getattr(args, "beam", None), **decode_settings,
+                                   **guard)
+    from keras_transformer.export import load_any, read_provenance
 
     if args.weights is not None:
         raise ConfigError(f"--weights {args.weights}: an export holds the weights it was made "
                           "from; --weights is for --run")
-    return load_any(args.model, inter_threads=getattr(args, "workers", 1))
+    module = load_any(args.model, inter_threads=getattr(args, "workers", 1), **guard)
+    if not hasattr(module, "sample_ids"):  # a SavedModel: the guard is fixed at export
+        exported = read_provenance(args.model).get("search", {})
+        defaults = {"no_repeat_ngram_size": 0, "repetition_penalty": 1.0}  # older exports
+        for key, value in guard.items():
+            if exported.get(key, defaults[key]) != value:
+                raise ConfigError(
+                    f"{GUARD_FLAGS[key]} {value}: {args.model} was exported with {key} "
+                    f"{exported.get(key, defaults[key])}; export again with --set "
+                    f"decode.{key}={value}, or use --run")
+    return module
 
 
 def _translate_file(args) -> int:
@@ -711,6 +728,16 @@ def _temperature(text: str) -> float:
     return value
 
 
+def _repetition_penalty(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number > 0 (1: off)")
+    return value
+
+
 def _positive_int(text: str) -> int:
     return _int_at_least(text, 1)
 
@@ -754,6 +781,14 @@ def _add_translator_arguments(parser):
     parser.add_argument("--seed", type=_non_negative_int, default=0,
                         help="with --sampling: line k of the input is sampled with seed "
                              "SEED + k (default 0), whatever the batching or shard")
+    parser.add_argument("--no-repeat-ngram-size", dest="no_repeat_ngram_size",
+                        type=_non_negative_int, metavar="N",
+                        help="no n-gram of N tokens twice in an output (0: off; default: the "
+                             "run's or export's decode.no_repeat_ngram_size)")
+    parser.add_argument("--repetition-penalty", dest="repetition_penalty",
+                        type=_repetition_penalty, metavar="P",
+                        help="divide the logits of tokens already in the output by P (1: off;"
+                             " default: the run's or export's decode.repetition_penalty)")
     parser.add_argument("--weights",
                         help="with --run: best, last, or a weight file (default: best)")
     parser.add_argument("--batch-size", type=_positive_int, default=64,

@@ -167,6 +167,38 @@ class CorpusConfig:
 
 
 @dataclasses.dataclass
+class ModifiersConfig:
+    """Robustness modifiers (`data.modifiers`, keras_transformer.modifiers): the share of
+    training pairs each changes, drawn anew every pass; 0 turns one off. OpusTrainer's
+    modifiers (the Firefox Translations pipeline) and Marian's --all-caps-every. Validation,
+    decoding and the export never modify."""
+
+    upper_case: float = 0.0  # both sides in capitals
+    title_case: float = 0.0  # both sides with every word capitalized
+    typos: float = 0.0  # the source with a typo in about one word in six
+    copy_spans: float = 0.0  # a number, name, URL or emoji inserted into both sides
+
+    def __post_init__(self):
+        for name in MODIFIER_NAMES:
+            share = getattr(self, name)
+            if not 0.0 <= share <= 1.0:
+                raise ConfigError(f"data.modifiers.{name}={share!r} must be a share of the "
+                                  "training pairs, in [0, 1]")
+
+    @property
+    def active(self) -> bool:
+        """Whether any modifier changes pairs."""
+        return any(getattr(self, name) > 0 for name in MODIFIER_NAMES)
+
+    def shares(self) -> dict:
+        """{modifier name: share} of the modifiers that are on."""
+        return {name: getattr(self, name) for name in MODIFIER_NAMES if getattr(self, name) > 0}
+
+
+MODIFIER_NAMES = ("upper_case", "title_case", "typos", "copy_spans")
+
+
+@dataclasses.dataclass
 class DataConfig:
     """Where the text pairs come from, how they are tokenized and batched."""
 
@@ -206,6 +238,9 @@ class DataConfig:
     # in proportion to their weights, instead of `dataset`'s train split; `dataset` still gives
     # the validation and test splits and the vocabulary's text. None: `dataset` alone.
     corpora: Optional[list[CorpusConfig]] = None
+    # Upper case, title case, typos and copied spans in a share of the training pairs
+    # (`ModifiersConfig`); all 0 (off) by default.
+    modifiers: ModifiersConfig = dataclasses.field(default_factory=ModifiersConfig)
 
     def __post_init__(self):
         _check_choice("data.tokenizer", self.tokenizer, ("sentencepiece", "wordpiece"))
@@ -389,9 +424,24 @@ class DecodeConfig:
     # Word alignments (`align`, `translate --alignments`): the cross-attention of this decoder
     # layer (negative: from the last), averaged over the heads.
     alignment_layer: int = -1
+    # Guards against loops (every search, the SavedModel's and the CTranslate2 runtime's, whose
+    # options of the same names these are; never `score` or `align`): no n-gram of this many
+    # tokens appears twice in an output (0: off; fairseq's --no-repeat-ngram-size), and the
+    # logit of every token already in the output is divided by this penalty where positive,
+    # multiplied where negative (1: off; Keskar et al. 2019, arXiv:1909.05858).
+    no_repeat_ngram_size: int = 0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
         _check_positive("decode.beam_size", self.beam_size)
+        if not (isinstance(self.no_repeat_ngram_size, int)
+                and not isinstance(self.no_repeat_ngram_size, bool)
+                and self.no_repeat_ngram_size >= 0):
+            raise ConfigError(f"decode.no_repeat_ngram_size={self.no_repeat_ngram_size!r} must "
+                              "be an integer >= 0 (0: off)")
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ConfigError(f"decode.repetition_penalty={self.repetition_penalty!r} must be "
+                              "a finite number > 0 (1: off, above 1 penalizes repeats)")
         if not isinstance(self.alignment_layer, int) or isinstance(self.alignment_layer, bool):
             raise ConfigError(f"decode.alignment_layer={self.alignment_layer!r} must be an "
                               "integer (a decoder layer; negative: counted from the last)")

@@ -128,6 +128,8 @@ def export_settings(model: Transformer, decode_config: DecodeConfig, quantizatio
         "sampling_topp": decode_config.sampling_topp,
         "sampling_temperature": decode_config.sampling_temperature,
         "alignment_layer": decode_config.alignment_layer,
+        "no_repeat_ngram_size": decode_config.no_repeat_ngram_size,
+        "repetition_penalty": decode_config.repetition_penalty,
         "max_positions": positions,
         "max_source_length": kept_source_tokens(max_source_length, positions),
         "source_start": "<s>",  # START and END around every source, as Tokenizer.tokenize does

@@ -31,7 +31,7 @@ import ctranslate2
 import numpy as np
 import sentencepiece
 
-from keras_transformer.config import PROVENANCE_FILE, ConfigError
+from keras_transformer.config import PROVENANCE_FILE, ConfigError, DecodeConfig
 from keras_transformer.search_rules import (NEG_INF, cannot_improve, finished_to_stop,
                                             kept_source_tokens, length_penalty, output_cap)
 from keras_transformer.text_io import file_sha256, first_line
@@ -82,10 +82,16 @@ class CTranslate2Translator:
     def __init__(self, model_dir: str | os.PathLike, *, device: str = "cpu",
                  inter_threads: int = 1, intra_threads: int = 1,
                  compute_type: str = "default", beam_rule: str = "native",
-                 max_batch_size: int = MAX_BATCH_SIZE):
+                 max_batch_size: int = MAX_BATCH_SIZE,
+                 no_repeat_ngram_size: int | None = None,
+                 repetition_penalty: float | None = None):
         if beam_rule not in BEAM_RULES:
             raise ConfigError(f"beam_rule={beam_rule!r} is not one of {', '.join(BEAM_RULES)}")
         self.beam_rule = beam_rule
+        # DecodeConfig checks the guard's settings as every other decode setting
+        DecodeConfig(no_repeat_ngram_size=no_repeat_ngram_size or 0,
+                     repetition_penalty=(1.0 if repetition_penalty is None
+                                         else repetition_penalty))
         self.options = dict(_SEARCH_OPTIONS, max_batch_size=max_batch_size)
         self.model_dir = Path(model_dir)
         settings_path = self.model_dir / SETTINGS_FILE
@@ -118,6 +124,16 @@ class CTranslate2Translator:
             self.sampling_topp = float(self.settings.get("sampling_topp", 1.0))
             self.sampling_temperature = float(self.settings.get("sampling_temperature", 1.0))
             self.max_positions = int(self.settings["max_positions"])
+            # the guard against loops, CTranslate2's options of these names (older exports:
+            # off); every search takes them, scoring and alignment do not
+            self.guard = {
+                "no_repeat_ngram_size": int(self.settings.get("no_repeat_ngram_size", 0)
+                                            if no_repeat_ngram_size is None
+                                            else no_repeat_ngram_size),
+                "repetition_penalty": float(self.settings.get("repetition_penalty", 1.0)
+                                            if repetition_penalty is None
+                                            else repetition_penalty)}
+            self.search_options = {**self.options, **self.guard}
             source_limit = self.settings.get("max_source_length")  # older exports: none
             self.max_source_length = kept_source_tokens(
                 None if source_limit is None else int(source_limit), self.max_positions)
@@ -195,7 +211,7 @@ class CTranslate2Translator:
             results = self.translator.translate_batch(
                 [pieces[i] for i in rows], target_prefix=[forced[i] or None for i in rows],
                 beam_size=1 if greedy else self.beam_size, max_decoding_length=max(caps),
-                **self.options)
+                **self.search_options)
             for index, cap, result in zip(rows, caps, results):
                 best[index] = _cut(self._hypotheses(result)[0], cap)
         return {"translation": self._texts(best), "score": _scores(best)}
@@ -321,7 +337,7 @@ class CTranslate2Translator:
 
     def _greedy(self, sources: list[list[str]], cap: int) -> list[tuple[list[int], float]]:
         results = self.translator.translate_batch(
-            sources, beam_size=1, max_decoding_length=cap, **self.options)
+            sources, beam_size=1, max_decoding_length=cap, **self.search_options)
         return [self._hypotheses(result)[0] for result in results]
 
     def _sample(self, sources: list[list[str]], cap: int,
@@ -330,7 +346,7 @@ class CTranslate2Translator:
         under the model, from the logits CTranslate2 returns; its own scores are under the
         sampling distribution)."""
         results = self.translator.translate_batch(
-            sources, beam_size=1, max_decoding_length=cap, **self.options, **sampling,
+            sources, beam_size=1, max_decoding_length=cap, **self.search_options, **sampling,
             return_logits_vocab=True)
         draws = []
         for result in results:
@@ -386,7 +402,7 @@ class CTranslate2Translator:
         results = self.translator.translate_batch(
             sources, beam_size=self.beam_size, num_hypotheses=finished,
             patience=finished / self.beam_size,
-            max_decoding_length=cap, **{**self.options, "length_penalty": penalty})
+            max_decoding_length=cap, **{**self.search_options, "length_penalty": penalty})
         ranked = [self._rank([(ids, score * len(ids) ** penalty)
                               for ids, score in self._hypotheses(result)])
                   for result in results]
@@ -405,7 +421,7 @@ class CTranslate2Translator:
         every = self.beam_size * limit if self.beam_size > 1 else 1
         results = self.translator.translate_batch(
             sources, beam_size=self.beam_size, num_hypotheses=every, patience=limit,
-            max_decoding_length=limit, **self.options)
+            max_decoding_length=limit, **self.search_options)
         return [self._hypotheses(result) for result in results]
 
     def _settled(self, hypotheses: list, limit: int, cap: int) -> list | None:

@@ -42,6 +42,7 @@ import tensorflow_datasets as tfds
 
 from keras_transformer.compat import without_autotuning
 from keras_transformer.config import DATA_ENV, ConfigError, CorpusConfig, DataConfig
+from keras_transformer.modifiers import modify_batch
 from keras_transformer.text_io import (  # noqa: F401  (DataError: re-exported)
     DataError, first_line, read_parallel_lines)
 from keras_transformer.tokenizers import (UNK_ID, Tokenizer, build_tokenizers,
@@ -56,6 +57,7 @@ DROP_REASONS = {EMPTY: "empty", TOO_LONG: "too_long"}
 SPLIT_ALIASES = {"validation": ("val", "valid", "dev"), "val": ("validation",)}
 _TOKENIZE_BATCH = 512  # pairs tokenized per call: tf-text ops are much faster on batches
 _NORMALIZE_BATCH = 512  # pairs normalized per call (`load_pairs`)
+_MODIFY_BATCH = 512  # pairs modified per Python call (`TrainingStream`, data.modifiers)
 
 
 # ----------------------------------------------------------------------------- local text files
@@ -513,10 +515,15 @@ class TrainingStream:
         self.data_config, self.seed, self.num_replicas = data_config, seed, num_replicas
         self.accumulate_steps = accumulate_steps
         self._tokenizers = (source_tokenizer, target_tokenizer)
-        self._sampling = source_tokenizer.samples or target_tokenizer.samples
-        # Tokenized pairs are cached (text pairs when sampling); the cache fills during the
-        # first complete pass and every later pass of any stream of this object reads it.
-        examples = pairs if self._sampling else self._tokenize(pairs)
+        self._modifiers = data_config.modifiers.shares()
+        # A pass's tokens differ from the last pass's when the tokenizer samples segmentations
+        # or the modifiers change the text: then each pass tokenizes anew.
+        self._per_pass = bool(source_tokenizer.samples or target_tokenizer.samples
+                              or self._modifiers)
+        # Tokenized pairs are cached (text pairs when each pass tokenizes anew); the cache
+        # fills during the first complete pass and every later pass of any stream of this
+        # object reads it.
+        examples = pairs if self._per_pass else self._tokenize(pairs)
         self._examples = examples.cache() if data_config.cache else examples
         self._carry = data_config.carry_remainders
         self._pass_length = self._counts = self._keys = None
@@ -531,9 +538,26 @@ class TrainingStream:
         # global seed, which when 0 (mod 2**31 - 1) makes tf.data's seed check compare the
         # tensor seed in Python and fail. Eagerly it would clear TensorFlow's kernel cache.
         examples = self._shuffled(self._examples, index)
-        if self._sampling:
+        if self._modifiers:
+            examples = self._modified(examples, index)
+        if self._per_pass:
             examples = self._tokenize(examples)
         return examples
+
+    def _modified(self, pairs: tf.data.Dataset, index) -> tf.data.Dataset:
+        """Text `pairs` of pass `index` through `data.modifiers` (`modifiers.modify_batch`),
+        the draws a function of the seed, the pass and the pairs' place in it."""
+        shares, seed = self._modifiers, self.seed
+
+        def modify(batch_index, pairs):
+            sources, targets = tf.numpy_function(
+                lambda s, t, i, b: tuple(np.array(side, object) for side in modify_batch(
+                    s, t, shares, seed, i, b)),
+                [*pairs, tf.cast(index, tf.int64), batch_index],
+                (tf.string, tf.string), stateful=False)
+            return tf.ensure_shape(sources, [None]), tf.ensure_shape(targets, [None])
+
+        return pairs.batch(_MODIFY_BATCH).enumerate().map(modify).unbatch()
 
     def _shuffled(self, dataset: tf.data.Dataset, index) -> tf.data.Dataset:
         """`dataset` in pass `index`'s order. The order depends on the seeds and the number of
@@ -588,7 +612,7 @@ class TrainingStream:
         """Pairs a pass puts in each length bucket (pass 0's when sampling), by bucket key,
         counted once; ConfigError if there are none."""
         if self._counts is None:
-            keys = (self._keys_of(self._examples_of_passes(0, 1)) if self._sampling
+            keys = (self._keys_of(self._examples_of_passes(0, 1)) if self._per_pass
                     else self._cache_keys())
             found, counts = np.unique(keys, return_counts=True)
             self._counts = {int(key): int(count) for key, count in zip(found, counts)}
@@ -647,7 +671,7 @@ class TrainingStream:
         Which ones follows from the passes' orders of cache indices and each example's bucket,
         without reading the examples of those passes; then one read of the cache fetches
         them."""
-        if self._sampling or not carried:
+        if self._per_pass or not carried:
             return self._examples_of_passes(0, 0)
         counts = self.bucket_counts()
         back = max(-(-carried[key] // counts[key]) for key in carried)  # passes to look at

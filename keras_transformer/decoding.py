@@ -52,7 +52,7 @@ from keras_transformer.search_rules import (
 
 __all__ = ["NEG_INF", "STOPPING_RULES", "STRATEGIES", "DecodingStrategy", "GreedySearch",
            "BeamSearch", "SamplingSearch", "ForcedDecoding", "register_strategy",
-           "strategy_from_config", "decode", "greedy_search", "beam_search", "sampling_search",
+           "RepetitionGuard", "strategy_from_config", "decode", "greedy_search", "beam_search", "sampling_search",
            "tile_beams"]
 
 STRATEGIES: dict[str, type] = {}  # name -> DecodingStrategy subclass, in registration order
@@ -587,6 +587,92 @@ def sampling_search(symbols_to_logits_fn, initial_state, *, seeds, top_k=0, temp
     strategy = SamplingSearch(seeds=seeds, top_k=top_k, temperature=temperature, top_p=top_p,
                               end_id=end_id)
     return decode(strategy, symbols_to_logits_fn, initial_state, **loop_options)
+
+
+class RepetitionGuard:
+    """Guards a search against loops (the outputs ``TAAAAAAA...`` of a model given text unlike
+    its training data), as CTranslate2's and fairseq's options of the same names do:
+
+    - `no_repeat_ngram_size` n > 0: a token that would complete an n-gram the output already
+      holds gets `NEG_INF`, so no n-gram appears twice (with n = 1 no token twice);
+    - `repetition_penalty` p != 1: the logit of every token already in the output is divided
+      by p where positive and multiplied by p where negative (Keskar et al. 2019,
+      arXiv:1909.05858; CTranslate2's rule), so p > 1 makes repeats less likely.
+
+    A step function keeps each row's output so far in its state (`initial_state`, `update`),
+    which the search reorders with the rest of the state, so every strategy is guarded alike.
+
+    Args:
+        no_repeat_ngram_size: int >= 0, 0 off.
+        repetition_penalty: float > 0, 1 off.
+    """
+
+    def __init__(self, *, no_repeat_ngram_size: int = 0, repetition_penalty: float = 1.0):
+        if not (isinstance(no_repeat_ngram_size, int) and no_repeat_ngram_size >= 0):
+            raise ValueError(f"no_repeat_ngram_size={no_repeat_ngram_size!r} must be an "
+                             "integer >= 0 (0: off)")
+        if not (repetition_penalty > 0 and math.isfinite(repetition_penalty)):
+            raise ValueError(f"repetition_penalty={repetition_penalty!r} must be a finite "
+                             "number > 0 (1: off)")
+        self.no_repeat_ngram_size = no_repeat_ngram_size
+        self.repetition_penalty = float(repetition_penalty)
+
+    @classmethod
+    def from_config(cls, config: DecodeConfig) -> "RepetitionGuard | None":
+        """The guard of `config`'s settings, or None when both are off (no state, no op)."""
+        if not config.no_repeat_ngram_size and config.repetition_penalty == 1.0:
+            return None
+        return cls(no_repeat_ngram_size=config.no_repeat_ngram_size,
+                   repetition_penalty=config.repetition_penalty)
+
+    @staticmethod
+    def initial_state(rows, max_decode_length):
+        """Each row's tokens so far: int32 `[rows, max_decode_length]`, column `step` the token
+        fed at that step (START at 0)."""
+        return tf.zeros([rows, max_decode_length], tf.int32)
+
+    @staticmethod
+    def state_shape():
+        return tf.TensorShape([None, None])
+
+    @staticmethod
+    def update(history, ids, step):
+        """`history` with `ids` int32 `[rows]`, the tokens fed at `step`, in column `step`."""
+        return history + tf.one_hot(step, tf.shape(history)[1], dtype=tf.int32) * ids[:, None]
+
+    def apply(self, logits, history, step):
+        """float32 `logits` `[rows, vocab]` of the token after `step`, guarded: `history`
+        (`update`d with the tokens fed at `step`) holds the output in columns 1 to `step`."""
+        logits = tf.cast(logits, tf.float32)
+        output = history[:, 1:step + 1]  # [rows, step], the generated tokens
+        rows = tf.shape(logits)[0]
+        if self.repetition_penalty != 1.0:
+            row_ids = tf.repeat(tf.range(rows)[:, None], tf.shape(output)[1], axis=1)
+            seen = tf.scatter_nd(tf.stack([tf.reshape(row_ids, [-1]),
+                                           tf.reshape(output, [-1])], axis=1),
+                                 tf.ones([tf.size(output)], tf.int32), tf.shape(logits)) > 0
+            penalty = self.repetition_penalty
+            logits = tf.where(seen, tf.where(logits > 0, logits / penalty, logits * penalty),
+                              logits)
+        n = self.no_repeat_ngram_size
+        if n:
+            logits = tf.cond(step >= n, lambda: self._ban_ngrams(logits, output, step, n),
+                             lambda: logits)
+        return logits
+
+    @staticmethod
+    def _ban_ngrams(logits, output, length, n):
+        """`logits` with `NEG_INF` for each token that follows an earlier occurrence of the
+        output's last n - 1 tokens (`output` int32 `[rows, length]`, length >= n)."""
+        count = length - n + 1  # the n-grams already complete: they start at 0 ... length - n
+        match = tf.ones([tf.shape(output)[0], count], tf.bool)
+        for k in range(n - 1):  # the n-gram's first n - 1 tokens equal the output's last
+            match &= tf.equal(output[:, k:k + count], output[:, length - n + 1 + k][:, None])
+        followers = output[:, n - 1:n - 1 + count]  # [rows, count], each n-gram's last token
+        found = tf.cast(tf.where(match), tf.int32)  # [m, 2]: (row, n-gram start)
+        banned = tf.stack([found[:, 0], tf.gather_nd(followers, found)], axis=1)
+        return tf.tensor_scatter_nd_update(logits, banned,
+                                           tf.fill([tf.shape(banned)[0]], NEG_INF))
 
 
 def tile_beams(tensor, beam_size):

@@ -186,7 +186,9 @@ def translator_provenance(translator: Translator) -> dict:
                    "stopping": f"{decode.stopping} ({translator.stopping_rule})",
                    "sampling_topk": decode.sampling_topk, "sampling_topp": decode.sampling_topp,
                    "sampling_temperature": decode.sampling_temperature,
-                   "alignment_layer": decode.alignment_layer},
+                   "alignment_layer": decode.alignment_layer,
+                   "no_repeat_ngram_size": decode.no_repeat_ngram_size,
+                   "repetition_penalty": decode.repetition_penalty},
         "length_rule": (f"output <= source tokens (with START/END) + {decode.max_extra_length}, "
                         f"capped at {translator.model.config.max_positions} positions; sources "
                         f"truncated to {translator.max_source_length} tokens (END kept)"),

@@ -488,11 +488,28 @@ class Translator(tf.Module):
         model, weights = self.model, self._weights()
         batch_size = tf.shape(source_ids)[0]
         cache = model.init_cache(batch_size)
+        state, invariants = cache, model.cache_shape_invariants(cache)
+        # Searches are guarded against loops (decode.no_repeat_ngram_size, repetition_penalty);
+        # a forced decoding (`score`, `align`) reads the model's own probabilities.
+        guard = (None if isinstance(strategy, decoding.ForcedDecoding)
+                 else decoding.RepetitionGuard.from_config(self.decode_config))
+        if guard is not None:  # each row's output so far, reordered with the caches
+            state = {"cache": cache,
+                     "output": guard.initial_state(batch_size, max_decode_length)}
+            invariants = {"cache": invariants, "output": guard.state_shape()}
 
-        def step_function(ids, step, cache, memory, beams):
-            logits, cache = model.decode_step(weights, ids, step, cache, memory, beams)
+        def step_function(ids, step, state, memory, beams):
+            if guard is None:
+                logits, cache = model.decode_step(weights, ids, step, state, memory, beams)
+                state = cache
+            else:
+                logits, cache = model.decode_step(weights, ids, step, state["cache"], memory,
+                                                  beams)
+                output = guard.update(state["output"], ids, step)
+                logits, state = guard.apply(logits, output, step), {"cache": cache,
+                                                                     "output": output}
             if prefix_ids is None:
-                return logits, cache
+                return logits, state
             # [rows, prefix length + 1]: a PAD column, so that every step reads a column
             prefix = tf.repeat(memory["prefix"], beams, axis=0)
             token = tf.gather(prefix, tf.minimum(step, tf.shape(prefix)[1] - 1), axis=1)
@@ -504,16 +521,16 @@ class Translator(tf.Module):
                 return tf.where(forced[:, None], forcing, logits)
 
             # Most steps force nothing (every step of a search without a prefix).
-            return tf.cond(tf.reduce_any(forced), force, lambda: logits), cache
+            return tf.cond(tf.reduce_any(forced), force, lambda: logits), state
 
         context = model.start_decoding(weights, source_ids)
         if prefix_ids is not None:  # gathered with the context as sentences finish
             padded = tf.pad(prefix_ids, [[0, 0], [0, 1]], constant_values=PAD_ID)
             context = {**context, "prefix": padded}
         return decoding.decode(
-            strategy, step_function, cache, batch_size=batch_size,
+            strategy, step_function, state, batch_size=batch_size,
             max_decode_length=max_decode_length, length_caps=length_caps,
-            state_shape_invariants=model.cache_shape_invariants(cache), context=context)
+            state_shape_invariants=invariants, context=context)
 
 
 def _batch_input(value):

@@ -205,6 +205,34 @@ def test_an_export_samples_with_its_own_settings(random_export, monkeypatch, cap
         "with sampling_topk 0; export again with --set decode.sampling_topk=5, or use --run")
 
 
+def test_the_loop_guard_is_a_flag_of_a_run_and_fixed_in_a_savedmodel(random_run, random_export,
+                                                                      monkeypatch, capsys):
+    """--no-repeat-ngram-size and --repetition-penalty set a run's decode settings; a
+    SavedModel's are fixed at export (CTranslate2 takes any: test_ctranslate2_export.py)."""
+    stdin = "".join(line + "\n" for line in LINES[:3]).encode()
+    code, out, err = run_cli(monkeypatch, capsys, [
+        "translate", "--run", str(random_run), "--quiet", "--no-repeat-ngram-size", "2",
+        "--repetition-penalty", "1.2"], stdin)
+    assert code == 0, err
+    assert len(out.splitlines()) == 3
+    code, _, err = run_cli(monkeypatch, capsys, [
+        "translate", "--model", str(random_export), "--quiet", "--no-repeat-ngram-size", "0",
+        "--repetition-penalty", "1"], stdin)
+    assert code == 0, err  # the export's own values
+    code, _, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),
+                                                 "--no-repeat-ngram-size", "3"], stdin)
+    assert code == 2
+    assert error_line(err) == (
+        f"keras-transformer translate: error: --no-repeat-ngram-size 3: {random_export} was "
+        "exported with no_repeat_ngram_size 0; export again with --set "
+        "decode.no_repeat_ngram_size=3, or use --run")
+    for value in ("0", "-1", "nan", "x"):
+        code, _, err = run_cli(monkeypatch, capsys, ["translate", "--run", str(random_run),
+                                                     "--repetition-penalty", value], stdin)
+        assert code == 2
+        assert "must be a finite number > 0 (1: off)" in error_line(err)
+
+
 def test_the_progress_bar_counts_this_runs_rate_and_time_left():
     stream = io.StringIO()
     bar = cli._Progress(100, stream=stream, done=40)

@@ -730,3 +730,36 @@ def test_alignments_agree_with_the_savedmodel(models, layer, tmp_path):
     assert ct2.word_attention([], []).shape == (0, 0, 0)
     with pytest.raises(ConfigError, match="2 sources for 1 targets"):
         ct2.align(SENTENCES[:2], targets[:1])
+
+
+@pytest.mark.parametrize("guard", [dict(no_repeat_ngram_size=2), dict(no_repeat_ngram_size=1),
+                                   dict(repetition_penalty=1.5)])
+def test_the_repetition_guard_agrees_with_the_savedmodel(sentencepiece_tokenizers, guard,
+                                                         tmp_path):
+    """decode.no_repeat_ngram_size and repetition_penalty are CTranslate2's options of those
+    names: a model that loops gives the same guarded greedy and beam outputs in both runtimes,
+    the export carries them, and the runtime's arguments override the export's."""
+    tokenizer = sentencepiece_tokenizers[0]
+    model = seeded_tiny_model(tokenizer, seed=11, output_scale=2.0, norm="pre")
+    bias = model.final_layer.bias.numpy()
+    bias[[40, 41, 42]] += 4.0  # the model loops over these three tokens
+    bias[END_ID] = -5.0
+    model.final_layer.bias.assign(bias)
+    decode_config = dataclasses.replace(DECODE, **guard)
+    translator = Translator(model, tokenizer, tokenizer, decode_config)
+    folder = export(model, tokenizer, tmp_path / "ct2", decode_config)
+    ct2 = exact_ct2(folder)
+    assert {key: json.loads((folder / SETTINGS_FILE).read_text())[key] for key in guard} == guard
+    sources = tf.constant(SENTENCES)
+    for search in ("greedy", "beam"):
+        expected = getattr(translator, f"translate_{search}")(sources)
+        result = getattr(ct2, f"translate_{search}")(SENTENCES)
+        assert texts(result["translation"]) == tf_texts(expected["translation"]), search
+        np.testing.assert_allclose(result["score"], expected["score"].numpy(), atol=1e-3)
+    unguarded = Translator(model, tokenizer, tokenizer, DECODE).translate_greedy(sources)
+    off = CTranslate2Translator(folder, beam_rule="exact", no_repeat_ngram_size=0,
+                                repetition_penalty=1.0).translate_greedy(SENTENCES)
+    assert texts(off["translation"]) == tf_texts(unguarded["translation"])
+    assert texts(off["translation"]) != texts(ct2.translate_greedy(SENTENCES)["translation"])
+    with pytest.raises(ConfigError, match="repetition_penalty=0"):
+        CTranslate2Translator(folder, repetition_penalty=0.0)

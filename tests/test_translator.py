@@ -478,3 +478,110 @@ def test_the_output_cap_and_source_limit_are_one_rule_for_numbers_and_tensors():
                               minimum=tf.minimum, maximum=tf.maximum)) == want
     assert kept_source_tokens(None, 24) == kept_source_tokens(100, 24) == 24
     assert kept_source_tokens(10, 24) == 10
+
+
+def guarded_greedy(model, source_ids, length_caps, max_decode_length, n, penalty):
+    """`uncached_greedy` with `decoding.RepetitionGuard`'s rules written in numpy: tokens that
+    would repeat an n-gram of the output are impossible, and the logits of tokens already in
+    the output are divided by `penalty` where positive, multiplied where negative."""
+    batch = source_ids.shape[0]
+    prefix = np.full([batch, 1], START_ID, np.int32)
+    output = np.full([batch, max_decode_length], PAD_ID, np.int32)
+    finished = np.zeros([batch], bool)
+    for step in range(max_decode_length):
+        logits = model((source_ids, prefix), training=False)[:, -1].numpy().astype(np.float32)
+        for row in range(batch):
+            generated = list(prefix[row, 1:])
+            for token in set(generated):
+                value = logits[row, token]
+                logits[row, token] = value / penalty if value > 0 else value * penalty
+            if n and len(generated) >= n:
+                last = generated[len(generated) - n + 1:]
+                for start in range(len(generated) - n + 1):
+                    if generated[start:start + n - 1] == last:
+                        logits[row, generated[start + n - 1]] = NEG_INF
+        next_ids = np.where(finished, PAD_ID, logits.argmax(-1)).astype(np.int32)
+        output[:, step] = next_ids
+        finished |= (next_ids == END_ID) | (step + 1 >= length_caps)
+        if finished.all():
+            break
+        prefix = np.concatenate([prefix, next_ids[:, None]], axis=1)
+    return output
+
+
+def repeated_ngrams(ids, n):
+    """The n-grams that occur more than once in each row of `ids` (up to END)."""
+    found = []
+    for row in np.asarray(ids).reshape(-1, np.asarray(ids).shape[-1]):
+        tokens = list(row)  # up to END, or without the PAD after a row that ends at its cap
+        tokens = tokens[:tokens.index(END_ID)] if END_ID in tokens else tokens
+        while tokens and tokens[-1] == PAD_ID:
+            tokens.pop()
+        grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+        found.append(sorted({g for g in grams if grams.count(g) > 1}))
+    return found
+
+
+@pytest.fixture(scope="module")
+def looping_model(sentencepiece_tokenizers):
+    """(model, tokenizer): a random tiny Transformer that loops, as a model does on text unlike
+    its training data: three tokens' logits raised, END's lowered, so that its unguarded
+    outputs repeat them to their caps."""
+    tokenizer = sentencepiece_tokenizers[0]
+    model = seeded_tiny_model(tokenizer, seed=11, output_scale=2.0)
+    bias = model.final_layer.bias.numpy()
+    bias[[40, 41, 42]] += 4.0
+    bias[END_ID] = -5.0
+    model.final_layer.bias.assign(bias)
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("n, penalty", [(1, 1.0), (2, 1.0), (3, 1.0), (0, 1.5), (2, 1.3)])
+def test_the_repetition_guard_follows_a_numpy_reference(looping_model, n, penalty):
+    """Greedy search under decode.no_repeat_ngram_size and repetition_penalty equals the
+    uncached greedy search with the same rules applied in numpy, step by step, and differs
+    from the unguarded search of this looping model."""
+    model, tokenizer = looping_model
+    translator = Translator(model, tokenizer, tokenizer, DecodeConfig(
+        max_extra_length=30, no_repeat_ngram_size=n, repetition_penalty=penalty))
+    source_ids = translator.source_ids(tf.constant(SENTENCES))
+    caps = tf.fill([len(SENTENCES)], 20)
+    ids, _ = translator.search(source_ids, "greedy", length_caps=caps)
+    expected = guarded_greedy(model, source_ids.numpy(), caps.numpy(), int(ids.shape[1]), n,
+                              penalty)
+    np.testing.assert_array_equal(ids.numpy(), expected)
+    if n:
+        assert repeated_ngrams(ids, n) == [[]] * len(SENTENCES)
+    unguarded = guarded_greedy(model, source_ids.numpy(), caps.numpy(), int(ids.shape[1]), 0,
+                               1.0)
+    assert all(repeated_ngrams(unguarded, max(n, 1)))  # every unguarded output loops
+    assert not np.array_equal(ids.numpy(), unguarded)
+
+
+def test_every_search_is_guarded_and_scores_are_not(looping_model):
+    """With no_repeat_ngram_size 2, no greedy, beam, n-best, sampled or prefixed output holds a
+    bigram twice, where the unguarded searches of this model do; `score` and `align` read the
+    model's own probabilities whatever the guard."""
+    model, tokenizer = looping_model
+    plain = Translator(model, tokenizer, tokenizer, DecodeConfig(beam_size=3,
+                                                                 max_extra_length=30))
+    guarded = Translator(model, tokenizer, tokenizer, DecodeConfig(
+        beam_size=3, max_extra_length=30, no_repeat_ngram_size=2))
+    source_ids = plain.source_ids(tf.constant(SENTENCES))
+    caps = tf.fill([len(SENTENCES)], 24)
+    seeds = tf.range(len(SENTENCES), dtype=tf.int64)
+    prefix = plain.prefix_ids(tf.constant(["a"] * len(SENTENCES)))
+    searches = {"greedy": {}, "beam": {}, "sampling": {"seed": seeds, "top_k": 3},
+                "prefix": {"prefix": prefix}}
+    for name, options in searches.items():
+        search = "greedy" if name == "prefix" else name
+        plain_ids, _ = plain.search(source_ids, search, length_caps=caps, **dict(options))
+        ids, _ = guarded.search(source_ids, search, length_caps=caps, **dict(options))
+        assert any(repeated_ngrams(plain_ids, 2)), name  # unguarded, the model loops
+        assert not any(repeated_ngrams(ids, 2)), name  # every hypothesis of every sentence
+    targets = tf.constant(["a a a a", "two two dogs dogs"])
+    sources = tf.constant(SENTENCES[:2])
+    np.testing.assert_array_equal(plain.score(sources, targets)["score"].numpy(),
+                                  guarded.score(sources, targets)["score"].numpy())
+    np.testing.assert_array_equal(plain.align(sources, targets)["alignment"].numpy(),
+                                  guarded.align(sources, targets)["alignment"].numpy())
