@@ -178,13 +178,29 @@ def _train(args) -> int:
     if args.init_from:
         config = dataclasses.replace(config, train=dataclasses.replace(
             config.train, init_from=args.init_from))
-    history = training.train(config, args.output, verbose=args.progress,
-                             overwrite=args.overwrite)
+    progress = args.progress
+    if progress is None:  # a bar's carriage returns and colours make no lines in a log file
+        progress = 1 if sys.stdout.isatty() else 2
+    history = training.train(config, args.output, verbose=progress, overwrite=args.overwrite)
     if history is None:  # finished before: train said so
         return 0
-    final = {k: round(v[-1], 4) for k, v in history.history.items()}
-    print(f"keras-transformer train: finished {args.output}: {final}")
+    print(f"keras-transformer train: finished {args.output}: {_final_figures(history.history)}")
     return 0
+
+
+def _final_figures(history: dict) -> str:
+    """The figures of a run's last epoch; when the time budget cut that epoch short (under
+    half the target tokens of the one before), its training loss and accuracy are a few steps'
+    and those of the last full epoch are given instead."""
+    final = {key: round(values[-1], 4) for key, values in history.items()}
+    tokens = history.get("target_tokens", [])
+    if len(tokens) >= 2 and tokens[-1] < 0.5 * tokens[-2]:
+        epoch = len(tokens) - 1  # the previous, full epoch (counted from 1 among these)
+        for key, values in history.items():
+            if not key.startswith("val_") and key not in ("training_minutes",):
+                final[key] = round(values[-2], 4)
+        return f"{final} (training figures of the last full epoch, {epoch} of these)"
+    return str(final)
 
 
 def _average(args) -> int:
@@ -312,16 +328,19 @@ def _strings(lines):
 
 
 class _Progress:
-    """A one-line progress bar on stderr:
-    `translated 340/1000 sentences (34%), 120.5/s, 0:00:05 left`; the rate counts the sentences
-    of this run (not those a resumed job had already translated)."""
+    """Progress on stderr: `translated 340/1000 sentences (34%), 120.5/s, 0:00:05 left`; the
+    rate counts the sentences of this run (not those a resumed job had already translated).
+    On a terminal one line redrawn in place; into a file or a pipe (`terminal` False) a plain
+    line at each tenth of the work and at the end."""
 
-    def __init__(self, total: int, stream=None, done: int = 0):
+    def __init__(self, total: int, stream=None, done: int = 0, terminal: bool | None = None):
         import time
 
         self.total, self.done, self.first, self.clock = total, done, done, time.perf_counter
         self.stream = stream or sys.stderr
+        self.terminal = self.stream.isatty() if terminal is None else terminal
         self.start = self.clock()
+        self.shown_tenth = 10 * done // max(total, 1)
 
     def __call__(self, count: int) -> None:
         self.show(self.done + count)
@@ -334,9 +353,15 @@ class _Progress:
         percent = 100 * done // max(self.total, 1)
         left = ("?" if rate <= 0 else
                 str(datetime.timedelta(seconds=round((self.total - done) / rate))))
-        end = "\n" if done >= self.total else ""
-        print(f"\rtranslated {done}/{self.total} sentences ({percent}%), {rate:.1f}/s, "
-              f"{left} left", end=end, file=self.stream, flush=True)
+        line = f"translated {done}/{self.total} sentences ({percent}%), {rate:.1f}/s, {left} left"
+        if self.terminal:
+            end = "\n" if done >= self.total else ""
+            print(f"\r{line}", end=end, file=self.stream, flush=True)
+            return
+        tenth = 10 * done // max(self.total, 1)
+        if tenth > self.shown_tenth or done >= self.total:
+            self.shown_tenth = tenth
+            print(line, file=self.stream, flush=True)
 
 
 def _translate_lines(args, lines):
@@ -854,8 +879,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "file), with a fresh optimizer and schedule (train.init_from)")
     train.add_argument("--logical-cpus", type=_non_negative_int, default=0, metavar="N",
                        help="split the CPU into N logical devices (distribution without GPUs)")
-    train.add_argument("--progress", type=int, default=1, choices=(0, 1, 2),
-                       help="model.fit's verbose: 1 a progress bar, 2 one line per epoch, 0 none")
+    train.add_argument("--progress", type=int, default=None, choices=(0, 1, 2),
+                       help="1 a progress bar, 2 one plain line per epoch, 0 none (default: "
+                            "1 on a terminal, 2 into a file or a pipe)")
     train.set_defaults(run=_train)
 
     average = commands.add_parser("average", help="average the last N epoch checkpoints")

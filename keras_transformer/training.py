@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from keras_transformer import compat, fine_tuning
 from keras_transformer import data as data_lib
-from keras_transformer.callbacks import ValidationBleu, default_callbacks
+from keras_transformer.callbacks import EpochLogger, ValidationBleu, default_callbacks
 from keras_transformer.config import ConfigError, ExperimentConfig
 from keras_transformer.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy, TargetTokens
 from keras_transformer.model import Transformer
@@ -325,8 +325,8 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     (weights, optimizer state, dropout's seeds) at the batch of the training stream where that
     epoch ended (`data.TrainingStream`), as if it had never stopped. A folder holding another
     run is refused unless `overwrite`, which deletes that run's files first. The resolved config
-    is saved as `output_dir/config.yaml`. `verbose` is `model.fit`'s: 1 a progress bar, 2 one
-    line per epoch.
+    is saved as `output_dir/config.yaml`. `verbose`: 1 `model.fit`'s progress bar, 2 one
+    plain line per epoch (`callbacks.EpochLogger`), 0 none.
     """
     data_lib.check_data_folder(config.data)  # before the run folder is made
     if config.data.max_pair_length > config.model.max_positions:
@@ -430,6 +430,12 @@ def _train(config: ExperimentConfig, output_dir: str | os.PathLike, verbose: str
             validation_callback = ValidationBleu(
                 validation_pairs.take(config.train.validation_bleu_sentences),
                 source_tokenizer, target_tokenizer, config, run.logs_dir / "validation")
+        callbacks = default_callbacks(config, run, validation_callback, initial_epoch,
+                                      schedule.budget_spent)
+        if verbose == 2:  # plain lines that say what the run does (`EpochLogger`)
+            callbacks.append(EpochLogger(config.train.epochs, steps,
+                                         config.train.budget_minutes))
+            verbose = 0
         return model.fit(
             training_input.batches(initial_epoch, steps),
             validation_data=validation_batches.repeat(config.train.epochs - initial_epoch),
@@ -438,8 +444,7 @@ def _train(config: ExperimentConfig, output_dir: str | os.PathLike, verbose: str
             epochs=config.train.epochs,
             steps_per_epoch=steps,
             shuffle=False,  # the stream shuffles; Keras would only warn that it cannot
-            callbacks=default_callbacks(config, run, validation_callback, initial_epoch,
-                                        schedule.budget_spent),
+            callbacks=callbacks,
             verbose=verbose,
         )
     except (OSError, tf.errors.OpError) as error:

@@ -235,7 +235,7 @@ def test_the_loop_guard_is_a_flag_of_a_run_and_fixed_in_a_savedmodel(random_run,
 
 def test_the_progress_bar_counts_this_runs_rate_and_time_left():
     stream = io.StringIO()
-    bar = cli._Progress(100, stream=stream, done=40)
+    bar = cli._Progress(100, stream=stream, done=40, terminal=True)
     bar.start -= 2.0  # two seconds ago
     bar.show(60)
     text = stream.getvalue()
@@ -243,6 +243,17 @@ def test_the_progress_bar_counts_this_runs_rate_and_time_left():
     rate = float(text.split(", ")[1].removesuffix("/s"))
     assert 9.0 < rate <= 10.0  # 20 sentences in two seconds (and a little more)
     assert text.endswith(", 0:00:04 left")
+
+
+def test_progress_into_a_file_is_a_plain_line_at_each_tenth():
+    stream = io.StringIO()  # not a terminal
+    bar = cli._Progress(1000, stream=stream, done=150)
+    for done in range(160, 1001, 10):
+        bar.show(done)
+    lines = stream.getvalue().split("\n")
+    assert lines[-1] == "" and "\r" not in stream.getvalue()
+    assert [line.split()[1] for line in lines[:-1]] == [
+        f"{n}/1000" for n in (200, 300, 400, 500, 600, 700, 800, 900, 1000)]
 
 
 def test_the_file_benchmark_takes_unique_captions_in_file_order(tmp_path):

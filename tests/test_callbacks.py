@@ -225,3 +225,39 @@ def test_attention_image_is_rgb_and_grows_with_the_heads():
     assert four.shape[1] > 800 and four.shape[0] > 200
     assert eight.shape[0] > 1.8 * four.shape[0] and eight.shape[1] == four.shape[1]
     assert len(np.unique(four.reshape(-1, 3), axis=0)) > 10  # drawn, not blank
+
+
+def test_the_epoch_logger_writes_one_plain_line_per_epoch_with_its_real_steps():
+    import io
+
+    from keras_transformer.callbacks import EpochLogger
+
+    stream = io.StringIO()
+    logger = EpochLogger(8, 100, stream=stream)
+    logger.on_epoch_begin(2)
+    for batch in range(100):
+        logger.on_train_batch_end(batch)
+    logger.on_epoch_end(2, {"loss": 3.82361, "val_bleu": 24.4392})
+    budget = EpochLogger(60, 170, budget_minutes=29.5, stream=stream)
+    budget.on_epoch_begin(14)
+    budget.on_train_batch_end(0)
+    budget.on_epoch_end(14, {"loss": 4.0185})
+    first, second = stream.getvalue().splitlines()
+    assert first.startswith("epoch 3/8: 100/100 steps, ")
+    assert first.endswith(" s - loss 3.8236 - val_bleu 24.4392")
+    assert second.startswith("epoch 15 (budget 29.5 min): 1/170 steps (the budget ended the "
+                             "run), ")
+    assert "\r" not in stream.getvalue() and "\x1b" not in stream.getvalue()
+
+
+def test_the_final_figures_of_a_budget_cut_run_are_its_last_full_epochs():
+    from keras_transformer import cli
+
+    history = {"loss": [3.1, 2.7576, 4.0185], "target_tokens": [3e5, 3e5, 2e3],
+               "val_bleu": [20.0, 25.0, 25.5], "training_minutes": [10.0, 20.0, 20.1]}
+    text = cli._final_figures(history)
+    assert "'loss': 2.7576" in text and "'val_bleu': 25.5" in text
+    assert "'training_minutes': 20.1" in text
+    assert text.endswith("(training figures of the last full epoch, 2 of these)")
+    full = {"loss": [3.1, 2.9], "target_tokens": [3e5, 2.9e5]}
+    assert cli._final_figures(full) == "{'loss': 2.9, 'target_tokens': 290000.0}"
