@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Reproduces one experiment end to end: train, average the last checkpoints, choose the beam size
-# and length penalty on the validation split, export, and score greedy and beam search on
-# Multi30k test_2016_flickr with sacreBLEU (detokenized, cased and lowercased) and chrF.
+# and length penalty on the validation split, export, and score greedy and beam search on the
+# test split (Multi30k's test_2016_flickr, Tatoeba's test) with sacreBLEU (detokenized, cased
+# and lowercased) and chrF.
 # Usage: bash experiments/reproduce.sh NAME [extra --set ...]
-#   NAME: multi30k_de_en | multi30k_en_de | multi30k_en_fr (experiments/NAME.yaml)
+#   NAME: multi30k_de_en | multi30k_en_de | multi30k_en_fr | tatoeba_de_en | ...
+#   (experiments/NAME.yaml); the data folder is the config's data.data_dir, else
+#   $KERAS_TRANSFORMER_DATA (Tatoeba: KERAS_TRANSFORMER_DATA=../shared/data/tatoeba-deu-eng).
 # Environment: RUN (default runs/NAME), AVERAGE (checkpoints averaged, default 5), BEAMS and
 # ALPHAS (the validation grid, default 4,5,6 and 0.6,0.8,1.0,1.2,1.4,1.7,2.0: en-de and en-fr
 # chose 1.2 and 1.4, the edge of an earlier grid; BEAMS= skips the search and keeps the config's
@@ -15,7 +18,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 NAME=${1:?usage: experiments/reproduce.sh NAME [--set section.key=value ...]}
 shift
-: "${KERAS_TRANSFORMER_DATA:?set KERAS_TRANSFORMER_DATA to the Multi30k folder}"
 BIN=${BIN:-.venv/bin}
 KT="$BIN/keras-transformer"
 RUN=${RUN:-runs/$NAME}
@@ -25,10 +27,17 @@ start=$(date +%s)
 "$KT" train --config "$CONFIG" --output "$RUN" --progress 2 "$@"
 echo "training wall time: $(( $(date +%s) - start )) s"
 
-# The languages as the run trained them: its config.yaml is the file's resolved with its `base:`
-# and the --set overrides above (such as data.source_lang).
-read -r SRC TGT < <("$BIN/python" -c "from keras_transformer.config import ExperimentConfig
-data = ExperimentConfig.from_yaml('$RUN/config.yaml').data; print(data.source_lang, data.target_lang)")
+# The languages and the validation and test files as the run trained them: its config.yaml is
+# the file's resolved with its `base:` and the --set overrides above (such as data.source_lang).
+read -r SRC TGT VALID_SRC VALID_TGT TEST_SRC TEST_TGT < <("$BIN/python" -c "
+from keras_transformer.config import ExperimentConfig
+from keras_transformer.data import split_files
+data = ExperimentConfig.from_yaml('$RUN/config.yaml').data
+langs = (data.source_lang, data.target_lang)
+files = [split_files(data.resolved_data_dir(), split, langs)
+         for split in (data.validation_split, data.test_split)]
+print(*langs, *(files[i][lang] for i in (0, 1) for lang in langs))")
+TEST=$(basename "$TEST_SRC"); TEST=${TEST%.gz}; TEST=${TEST%.$SRC}
 
 "$KT" average --run "$RUN" --last "$AVERAGE"
 
@@ -39,7 +48,7 @@ ALPHAS=${ALPHAS-0.6,0.8,1.0,1.2,1.4,1.7,2.0}
 search_flags=()
 if [ -n "$BEAMS" ]; then
   "$KT" tune-search --run "$RUN" --weights "$RUN/average_last$AVERAGE.weights.h5" \
-    --source "$KERAS_TRANSFORMER_DATA/val.$SRC.gz" --reference "$KERAS_TRANSFORMER_DATA/val.$TGT.gz" \
+    --source "$VALID_SRC" --reference "$VALID_TGT" \
     --beam "$BEAMS" --alpha "$ALPHAS" --workers 2 --output "$RUN/search.json"
   read -r beam alpha < <("$BIN/python" -c \
     "import json; b = json.load(open('$RUN/search.json'))['best']; print(b['beam_size'], b['alpha'])")
@@ -68,17 +77,16 @@ if [ -n "${BUDGET_MINUTES:-}" ]; then
 fi
 
 mkdir -p "$RUN/test"
-for lang in "$SRC" "$TGT"; do
-  gzip -dc "$KERAS_TRANSFORMER_DATA/test_2016_flickr.$lang.gz" > "$RUN/test/test_2016_flickr.$lang"
-done
+zcat -f "$TEST_SRC" > "$RUN/test/$TEST.$SRC"
+zcat -f "$TEST_TGT" > "$RUN/test/$TEST.$TGT"
 # Greedy, then the export's serving_default (beam search with the beam and alpha chosen above).
 for model in "${MODELS[@]}"; do
   for search in greedy beam; do
-    echo "== $NAME test_2016_flickr, $search search, $model"
+    echo "== $NAME $TEST, $search search, $model"
     flags=(); [ "$search" = greedy ] && flags=(--greedy)
     "$KT" evaluate --model "$model" "${flags[@]}" --quiet \
-      --source "$RUN/test/test_2016_flickr.$SRC" --reference "$RUN/test/test_2016_flickr.$TGT" \
-      --output "$RUN/test/test_2016_flickr.${model##*/}.$search.$TGT"
+      --source "$RUN/test/$TEST.$SRC" --reference "$RUN/test/$TEST.$TGT" \
+      --output "$RUN/test/$TEST.${model##*/}.$search.$TGT"
   done
 done
 echo "commit $(git rev-parse --short HEAD), command: experiments/reproduce.sh $NAME $*"

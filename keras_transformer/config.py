@@ -220,7 +220,11 @@ class DataConfig:
     max_pair_length: int = 128  # longest source or target kept, in tokens with START/END
     tokens_per_batch: int = 4096  # padded source (and target) tokens in one global batch
     bucket_step: int = 8  # batches are padded to a multiple of this length
-    shuffle_buffer: int = 30000
+    # Training pairs shuffled together each pass. Larger than most corpora, so that a pass is a
+    # uniform shuffle whatever the file's order (a file sorted by length, as Tatoeba's is,
+    # would otherwise give batches from short to long); a smaller buffer mixes only
+    # neighbours, and holds less in memory (with data.cache off, for corpora beyond RAM).
+    shuffle_buffer: int = 1_000_000
     # Training: the pairs of a length bucket that do not fill a batch at the end of a pass wait
     # for the next pass, so that every training batch is full (one shape per bucket); false:
     # each bucket ends its pass with a smaller batch. Runs saved without this key had false.
@@ -511,7 +515,8 @@ def load_yaml_with_bases(path: str | os.PathLike, _named_by: tuple[Path, ...] = 
     path = Path(path)
     if not path.is_file():
         if _named_by:
-            raise ConfigError(f"{_named_by[-1]}: base file not found: {path}")
+            raise ConfigError(f"{_named_by[-1]}: base file not found: {path} (a base: path is "
+                              f"read relative to the folder of the file that names it)")
         raise ConfigError(f"config file not found: {path}")
     values = read_yaml(path)
     if values is None:
