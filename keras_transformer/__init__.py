@@ -13,7 +13,8 @@ __version__ = "0.1.0"
 # public name -> the module that defines it, in the order of the data flow
 _EXPORTS = {
     "ConfigError": "config", "ModelConfig": "config", "DataConfig": "config",
-    "TrainConfig": "config", "DecodeConfig": "config", "CorpusConfig": "config", "ExperimentConfig": "config",
+    "TrainConfig": "config", "DecodeConfig": "config", "CorpusConfig": "config",
+    "ModifiersConfig": "config", "ExperimentConfig": "config",
     "load_tokenizers": "tokenizers", "build_tokenizers": "tokenizers",
     "load_pairs": "data", "make_batches": "data",
     "Transformer": "model",

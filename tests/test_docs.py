@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import keras_transformer
-from keras_transformer.config import REPO_ROOT, CorpusConfig, ExperimentConfig
+from keras_transformer.config import REPO_ROOT, CorpusConfig, ExperimentConfig, ModifiersConfig
 
 DOCS = REPO_ROOT / "docs"
 PACKAGE = REPO_ROOT / "keras_transformer"
@@ -130,6 +130,7 @@ def test_every_config_key_of_every_section_has_its_row(html_dir):
         if dataclasses.is_dataclass(hints[field.name]):
             sections[field.name] = [f.name for f in dataclasses.fields(hints[field.name])]
     sections["data-corpora"] = [f.name for f in dataclasses.fields(CorpusConfig)]  # a list
+    sections["data-modifiers"] = [f.name for f in dataclasses.fields(ModifiersConfig)]
     assert {"model", "data", "train", "decode"} <= set(sections)
     chunks = re.split(r'<section id="config-', source)[1:]
     by_section = {chunk.split('"', 1)[0]: chunk for chunk in chunks}

@@ -97,7 +97,8 @@ def section_keys(cls, type_name, names=None) -> list[Key]:
         if field.default is not dataclasses.MISSING:
             default = yaml_value(field.default)
         elif field.default_factory is not dataclasses.MISSING:
-            default = yaml_value(field.default_factory())
+            value = field.default_factory()
+            default = "(a section)" if dataclasses.is_dataclass(value) else yaml_value(value)
         else:
             default = "(required)"
         keys.append(Key(field.name, type_name(hints[field.name]), default,
@@ -186,6 +187,9 @@ class ConfigTables(SphinxDirective):
                                        section_keys(cls, type_name)))
             for key, item in list_sections(cls).items():  # e.g. data.corpora, a list
                 result.append(self.section(f"{name}-{key}", f"`{name}.{key}[]`: {item.__name__}",
+                                           item.__doc__, section_keys(item, type_name)))
+            for key, item in sections(cls)[1].items():  # e.g. data.modifiers, a mapping
+                result.append(self.section(f"{name}-{key}", f"`{name}.{key}`: {item.__name__}",
                                            item.__doc__, section_keys(item, type_name)))
         return result
 
