@@ -489,7 +489,8 @@ class TrainingStream:
     shard of the pairs (`load_pairs(shard=...)`, `training.TrainingInput`).
 
     Pass p is the pairs shuffled with the seed (`seed`, p) (with a sampling tokenizer,
-    tokenized after the shuffle: new segmentations each pass), batched as `make_batches`
+    tokenized after the shuffle: new segmentations each pass; with `data.modifiers`, changed
+    after the shuffle by draws of (`seed`, p) and tokenized), batched as `make_batches`
     batches them, by length bucket.
 
     With `data.carry_remainders` (the default) the passes follow each other into the same
@@ -500,9 +501,9 @@ class TrainingStream:
     where batch `start` is made, with the pairs carried into it, and skips the batches of that
     pass before `start`. Without it each pass ends every bucket with a smaller batch, every
     pass has the same number of batches, and `batches(start)` starts at pass
-    start // `pass_length()`. Either way, without subword sampling the position is exact;
-    with it, a pass's bucket counts vary a little, and a resumed stream starts at about the
-    same place (and without the carried pairs).
+    start // `pass_length()`. Either way, without subword sampling or modifiers the position
+    is exact; with them, a pass's bucket counts vary a little, and a resumed stream starts at
+    about the same place (and without the carried pairs).
 
     With `accumulate_steps` > 1 the stream's elements are groups of that many batches of one
     shape (`group_batches`); positions and pass lengths count groups.
@@ -609,7 +610,8 @@ class TrainingStream:
         return tf.data.Dataset.range(first, end).flat_map(self._pass_examples)
 
     def bucket_counts(self) -> dict[int, int]:
-        """Pairs a pass puts in each length bucket (pass 0's when sampling), by bucket key,
+        """Pairs a pass puts in each length bucket (pass 0's when each pass tokenizes anew:
+        sampling, modifiers), by bucket key,
         counted once; ConfigError if there are none."""
         if self._counts is None:
             keys = (self._keys_of(self._examples_of_passes(0, 1)) if self._per_pass
@@ -666,7 +668,8 @@ class TrainingStream:
 
     def _carried(self, index: int, carried: dict[int, int]) -> tf.data.Dataset:
         """The pairs carried into pass `index`: each bucket's last ones of the passes before,
-        in their order (none when sampling, whose earlier segmentations are not kept).
+        in their order (none when each pass tokenizes anew, whose earlier tokens are not
+        kept).
 
         Which ones follows from the passes' orders of cache indices and each example's bucket,
         without reading the examples of those passes; then one read of the cache fetches
