@@ -173,10 +173,14 @@ class ModifiersConfig:
     modifiers (the Firefox Translations pipeline) and Marian's --all-caps-every. Validation,
     decoding and the export never modify."""
 
-    upper_case: float = 0.0  # both sides in capitals
-    title_case: float = 0.0  # both sides with every word capitalized
+    upper_case: float = 0.0  # the source in capitals
+    title_case: float = 0.0  # the source with every word capitalized
     typos: float = 0.0  # the source with a typo in about one word in six
     copy_spans: float = 0.0  # a number, name, URL or emoji inserted into both sides
+    # upper_case and title_case change the target too, so that outputs keep the input's case
+    # (OpusTrainer's and Marian's way; the model then learns capitals as a second target
+    # language, slowly: keras_transformer.modifiers)
+    case_target: bool = False
 
     def __post_init__(self):
         for name in MODIFIER_NAMES:
@@ -191,7 +195,7 @@ class ModifiersConfig:
         return any(getattr(self, name) > 0 for name in MODIFIER_NAMES)
 
     def shares(self) -> dict:
-        """{modifier name: share} of the modifiers that are on."""
+        """{modifier name: share} of the modifiers that are on (`case_target` aside)."""
         return {name: getattr(self, name) for name in MODIFIER_NAMES if getattr(self, name) > 0}
 
 

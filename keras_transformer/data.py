@@ -549,11 +549,12 @@ class TrainingStream:
         """Text `pairs` of pass `index` through `data.modifiers` (`modifiers.modify_batch`),
         the draws a function of the seed, the pass and the pairs' place in it."""
         shares, seed = self._modifiers, self.seed
+        case_target = self.data_config.modifiers.case_target
 
         def modify(batch_index, pairs):
             sources, targets = tf.numpy_function(
                 lambda s, t, i, b: tuple(np.array(side, object) for side in modify_batch(
-                    s, t, shares, seed, i, b)),
+                    s, t, shares, seed, i, b, case_target=case_target)),
                 [*pairs, tf.cast(index, tf.int64), batch_index],
                 (tf.string, tf.string), stateful=False)
             return tf.ensure_shape(sources, [None]), tf.ensure_shape(targets, [None])

@@ -15,13 +15,18 @@ SOURCE = "Ein Mann mit einem orangefarbenen Hut starrt auf etwas."
 TARGET = "A man in an orange hat starring at something."
 
 
-def test_case_modifiers_change_both_sides():
+def test_case_modifiers_change_the_source_and_with_case_target_the_target():
     assert modifiers.modify_pair(SOURCE, TARGET, {"upper_case": 1.0}, random.Random(0)) == (
+        "EIN MANN MIT EINEM ORANGEFARBENEN HUT STARRT AUF ETWAS.", TARGET)
+    assert modifiers.modify_pair(SOURCE, TARGET, {"upper_case": 1.0}, random.Random(0),
+                                 case_target=True) == (
         "EIN MANN MIT EINEM ORANGEFARBENEN HUT STARRT AUF ETWAS.",
         "A MAN IN AN ORANGE HAT STARRING AT SOMETHING.")
     assert modifiers.upper_case("Straße") == "STRASSE"
     assert modifiers.modify_pair("ein Hund", "a dog", {"title_case": 1.0},
-                                 random.Random(0)) == ("Ein Hund", "A Dog")
+                                 random.Random(0)) == ("Ein Hund", "a dog")
+    assert modifiers.modify_pair("ein Hund", "a dog", {"title_case": 1.0}, random.Random(0),
+                                 case_target=True) == ("Ein Hund", "A Dog")
     assert modifiers.title_case("3 iPhones, über 20") == "3 IPhones, Über 20"
 
 
@@ -110,7 +115,8 @@ def test_a_training_stream_modifies_each_pass_anew_and_validation_never(
     config, _ = sentencepiece_vocab
     config = DataConfig(**{**vars(config), "max_pair_length": 256, "tokens_per_batch": 2048,
                            "carry_remainders": False,
-                           "modifiers": ModifiersConfig(upper_case=0.5, copy_spans=0.5)})
+                           "modifiers": ModifiersConfig(upper_case=0.5, copy_spans=0.5,
+                                                        case_target=True)})
     tokenizer, _ = sentencepiece_tokenizers
     pairs = data_lib.load_pairs(config, "validation").take(300)
     texts = sorted(t.decode() for _, t in pairs.as_numpy_iterator())
