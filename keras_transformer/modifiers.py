@@ -155,11 +155,11 @@ def typo(word: str, rng: random.Random) -> str:
     if kind == 2:
         return word[:i] + word[i] + word[i:]
     neighbours = _NEIGHBOURS.get(word[i].lower())
-    if not neighbours:  # not on the keyboard (or kind 0 could not swap): double it
+    if not neighbours:  # not a letter of the keyboard (a digit, an accented letter): double it
         return word[:i] + word[i] + word[i:]
     char = rng.choice(neighbours)
     char = char.upper() if word[i].isupper() else char
-    if kind == 3 or kind == 0:
+    if kind in (0, 3):  # kind 0 lands here when the letter after i cannot be swapped with it
         return word[:i] + char + word[i + 1:]
     return word[:i] + char + word[i:]
 
