@@ -697,16 +697,25 @@ def _patiences(text: str) -> list[float]:
     return _numbers(text, 1, "patience")
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
 def _probability(text: str) -> float:
-    value = _numbers(text, 0, "probability")[0] if "," not in text else -1.0
+    """--sampling-topp: decode.sampling_topp's rule, in (0, 1] (nan is not)."""
+    value = _number(text)
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"{text}: must be a number in (0, 1]")
     return value
 
 
 def _temperature(text: str) -> float:
-    value = _numbers(text, 0, "temperature")[0] if "," not in text else 0.0
-    if not value > 0:
+    """--sampling-temperature: decode.sampling_temperature's rule, a finite number > 0."""
+    value = _number(text)
+    if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{text}: must be a finite number > 0")
     return value
 

@@ -628,10 +628,15 @@ def from_dict(cls, values: dict, prefix: str):
             raise ConfigError(f"{name}={value!r} has the wrong type: expected {_type_name(hint)}")
         if hint is float or float in typing.get_args(hint):
             value = float(value) if value is not None else None
-            if value is not None and not math.isfinite(value):
-                raise ConfigError(f"{name}={value!r} must be a finite number")
         kwargs[key] = value
-    return cls(**kwargs)
+    # The fields' own checks first: their messages state each field's rule (nan is refused as
+    # "must be in (0, 1]", not only as not finite); then any non-finite number they let pass.
+    built = cls(**kwargs)
+    for key, value in kwargs.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix + '.' if prefix else ''}{key}={value!r} must be a finite "
+                              "number")
+    return built
 
 
 def _yaml_float(text: str) -> Any:

@@ -23,6 +23,7 @@ finishes, which are re-ranked here, and the exact early stopping bound
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -169,8 +170,9 @@ class CTranslate2Translator:
             raise ConfigError(f"top_k={top_k!r} must be an integer >= 0 (0: every token)")
         if not 0 < options["sampling_topp"] <= 1:
             raise ConfigError(f"top_p={options['sampling_topp']!r} must be in (0, 1]")
-        if not options["sampling_temperature"] > 0:
-            raise ConfigError(f"temperature={options['sampling_temperature']!r} must be > 0")
+        temperature = options["sampling_temperature"]
+        if not (temperature > 0 and math.isfinite(temperature)):
+            raise ConfigError(f"temperature={temperature!r} must be a finite number > 0")
         ctranslate2.set_random_seed(int(seed))
         drawn = self._translate(batch, lambda sources, cap: self._sample(sources, cap, **options),
                                 not_decoded=([], np.zeros(0)))

@@ -232,7 +232,16 @@ def test_argument_mistakes_are_refused_before_any_work(random_export, random_run
             (["export", "--run", str(random_run), "--output", str(tmp_path / "m"), "--alpha",
               "inf"], "argument --alpha: inf: every alpha must be a finite number >= 0"),
             (["tune-search", "--run", str(random_run), "--source", str(source), "--reference",
-              str(reference), "--beam", "x"], "argument --beam: 'x' is not an integer")):
+              str(reference), "--beam", "x"], "argument --beam: 'x' is not an integer"),
+            # each sampling flag's message states the rule it enforces, whatever the value
+            *[(["translate", *model, "--sampling", "--sampling-temperature", value],
+               f"argument --sampling-temperature: {value}: must be a finite number > 0\n")
+              for value in ("-1", "0", "nan", "inf")],
+            *[(["translate", *model, "--sampling", "--sampling-topp", value],
+               f"argument --sampling-topp: {value}: must be a number in (0, 1]\n")
+              for value in ("-1", "0", "nan", "1.5")],
+            (["translate", *model, "--sampling", "--sampling-topp", "0.5,1"],
+             "argument --sampling-topp: '0.5,1' is not a number\n")):
         with pytest.raises(SystemExit) as exit_info:
             cli.main(argv)
         err = capsys.readouterr().err

@@ -305,9 +305,18 @@ def test_the_range_limits_themselves_are_accepted():
 
 @pytest.mark.parametrize("override, message", [
     ("train.learning_rate_scale=-1", "train.learning_rate_scale=-1.0 must be positive"),
-    ("train.learning_rate_scale=.nan", "train.learning_rate_scale=nan must be a finite number"),
+    # A non-finite number meets the field's own rule first, stated as that rule; what the rule
+    # lets pass (inf is positive) is refused as not finite.
+    ("train.learning_rate_scale=.nan", "train.learning_rate_scale=nan must be positive"),
     ("train.adam_epsilon=.inf", "train.adam_epsilon=inf must be a finite number"),
-    ("model.dropout=.nan", "model.dropout=nan must be a finite number"),
+    ("model.dropout=.nan", r"model.dropout=nan must be in \[0, 1\)"),
+    ("decode.patience=.inf", "decode.patience=inf must be a finite number"),
+    ("decode.sampling_topp=.nan", r"decode.sampling_topp=nan must be in \(0, 1\]$"),
+    ("decode.sampling_temperature=.nan",
+     "decode.sampling_temperature=nan must be a finite number > 0$"),
+    ("decode.sampling_temperature=0", "decode.sampling_temperature=0.0 must be a finite number > 0$"),
+    ("decode.sampling_temperature=-1",
+     "decode.sampling_temperature=-1.0 must be a finite number > 0$"),
     ("train.epochs=[1", r"override 'train.epochs=\[1': the value is not valid YAML"),
     ("train.epochs={a: 1", "override 'train.epochs={a: 1': the value is not valid YAML"),
 ])

@@ -158,8 +158,13 @@ def test_ctranslate2_sampling_stays_in_the_top_k_and_scores_log_p(pre_norm_model
             outside_top_1 += token != np.argmax(logits[position])
         assert score == pytest.approx(sum(log_probs[range(len(ids)), ids]), abs=1e-3)
     assert outside_top_1  # it did sample
-    with pytest.raises(ConfigError, match=r"top_p=0 must be in \(0, 1\]"):
-        ct2.translate_sampling(SENTENCES, 0, top_p=0)
+    for options, message in [(dict(top_p=0), r"top_p=0 must be in \(0, 1\]$"),
+                             (dict(top_p=float("nan")), r"top_p=nan must be in \(0, 1\]$"),
+                             (dict(temperature=0), "temperature=0 must be a finite number > 0$"),
+                             (dict(temperature=float("inf")),
+                              "temperature=inf must be a finite number > 0$")]:
+        with pytest.raises(ConfigError, match=message):
+            ct2.translate_sampling(SENTENCES, 0, **options)
     assert ct2.translate_sampling([])["translation"].shape == (0,)
 
 
