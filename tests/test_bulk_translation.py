@@ -280,6 +280,28 @@ def test_translate_with_a_prefix_file(random_run, random_export, tmp_path, monke
     assert code == 2 and "has 4 lines, the input 1" in error_line(err)
 
 
+@pytest.mark.parametrize("export", ["random_export", "random_ct2_export"])
+def test_an_exports_beam_size_holds_for_nbest_and_prefix_too(export, tmp_path, request,
+                                                             monkeypatch, capsys):
+    """An export's beam size is fixed when it is made: `--beam 3` with an export of beam 2 is
+    refused for --nbest and --prefix as for plain translation (--nbest 2 --beam 3 gave the
+    export's beam-2 hypotheses without a word); its own beam size is accepted."""
+    model = request.getfixturevalue(export)
+    capsys.readouterr()  # what making the fixture printed
+    (tmp_path / "prefix").write_text("A\nZwei\n", encoding="utf-8")
+    stdin = "".join(line + "\n" for line in LINES[:2]).encode()
+    refusal = (f"keras-transformer translate: error: --beam 3: {model} was exported with beam "
+               "size 2; export again with --beam 3, or use --run")
+    for mode in (["--nbest", "2"], ["--prefix", str(tmp_path / "prefix")], []):
+        code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(model),
+                                                       "--quiet", "--beam", "3", *mode], stdin)
+        assert (code, out, err.strip()) == (2, "", refusal), mode
+        code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(model),
+                                                       "--quiet", "--beam", "2", *mode], stdin)
+        assert code == 0 and out, err
+    assert len(out.splitlines()) == 2
+
+
 @pytest.fixture(scope="module")
 def random_ct2_export(random_run, tmp_path_factory):
     """The random run exported for CTranslate2 (beam 2, as its SavedModel `random_export`)."""
