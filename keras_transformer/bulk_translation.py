@@ -12,6 +12,8 @@ kill and split across machines:
 - A record beside the output (`OUTPUT.resume.json`: source, shard, search settings) says that
   the output is unfinished, and which job it belongs to; it is removed when the shard is done. A
   run refuses an output it did not start, and one started with other settings.
+- One job writes an output at a time: a second one is refused, naming the first one's process
+  (`runs.process_lock` on a hidden `.OUTPUT.lock` beside it, deleted when the job ends).
 - `Shard(i, n)` takes the i-th of n contiguous slices of the file, so that the outputs of
   shards 0 .. n-1, concatenated in order, are the translation of the whole file.
 - With a `seed`, sentence k of the file (counting from 0, whatever the shard, chunk or batch)
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from keras_transformer.config import ConfigError
+from keras_transformer.runs import process_lock
 from keras_transformer.text_io import DataError, one_line, read_user_lines
 from keras_transformer.translator import TranslateFn, translate_texts
 
@@ -89,28 +92,34 @@ def translate_file(translate: TranslateFn, source: str | os.PathLike, output: st
                           "the input")
     if output.is_dir():
         raise ConfigError(f"--output {output} is a folder, not a file")
-    lines = read_user_lines(source)
-    numbers = shard.lines(len(lines))
-    record = {"source": str(source.resolve()), "source_lines": len(lines),
-              "shard": f"{shard.index}/{shard.count}", "seed": seed, "settings": settings}
-    resumed_at = done = _resume(output, record, len(numbers))
-    if progress is not None:
-        progress(done, len(numbers))
-
-    def batch_done(count):
-        nonlocal done
-        done += count
+    folder = output.resolve().parent
+    if not folder.is_dir():
+        raise ConfigError(f"--output {output}: no folder {folder}")
+    with process_lock(output.with_name(f".{output.name}.lock"), lambda holder: (
+            f"--output {output} is being written by another translation job (process "
+            f"{holder}): wait for it to end, or choose another --output"), remove=True):
+        lines = read_user_lines(source)
+        numbers = shard.lines(len(lines))
+        record = {"source": str(source.resolve()), "source_lines": len(lines),
+                  "shard": f"{shard.index}/{shard.count}", "seed": seed, "settings": settings}
+        resumed_at = done = _resume(output, record, len(numbers))
         if progress is not None:
             progress(done, len(numbers))
 
-    for start in range(numbers.start + done, numbers.stop, chunk_size):
-        chunk = range(start, min(start + chunk_size, numbers.stop))
-        translations = translate_texts(
-            translate, lines[chunk.start:chunk.stop], batch_size=batch_size, workers=workers,
-            seeds=None if seed is None else [seed + number for number in chunk],
-            progress=batch_done)
-        _append(output, translations)
-    Path(str(output) + RESUME_SUFFIX).unlink(missing_ok=True)
+        def batch_done(count):
+            nonlocal done
+            done += count
+            if progress is not None:
+                progress(done, len(numbers))
+
+        for start in range(numbers.start + done, numbers.stop, chunk_size):
+            chunk = range(start, min(start + chunk_size, numbers.stop))
+            translations = translate_texts(
+                translate, lines[chunk.start:chunk.stop], batch_size=batch_size,
+                workers=workers, seeds=None if seed is None else [seed + n for n in chunk],
+                progress=batch_done)
+            _append(output, translations)
+        Path(str(output) + RESUME_SUFFIX).unlink(missing_ok=True)
     return {"lines": len(numbers), "resumed_at": resumed_at}
 
 
@@ -120,9 +129,6 @@ def _resume(output: Path, record: dict, total: int) -> int:
     for an output this job did not start."""
     resume = Path(str(output) + RESUME_SUFFIX)
     if not output.exists():
-        folder = output.resolve().parent
-        if not folder.is_dir():
-            raise ConfigError(f"--output {output}: no folder {folder}")
         output.touch()
         resume.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         return 0

@@ -41,6 +41,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Callable
 
 import h5py
 import numpy as np
@@ -429,7 +430,7 @@ class Run:
 @contextlib.contextmanager
 def training_lock(path: str | os.PathLike):
     """Holds an exclusive lock on the run folder `path` (an existing folder) while a training
-    writes in it: `flock` on `path/.train.lock`, which holds the process id.
+    writes in it: `process_lock` on `path/.train.lock`.
 
     A second training in the folder is refused (ConfigError) in one line naming the first
     one's process. The kernel releases the lock when that process ends, by kill -9 too, so a
@@ -442,21 +443,69 @@ def training_lock(path: str | os.PathLike):
     except (ValueError, AttributeError):
         task = {}
     name = f".train-{task.get('type')}-{task.get('index')}.lock" if task else LOCK_FILE
-    try:
-        fd = os.open(path / name, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as error:
-        raise write_error(path / name, error) from None
+    with process_lock(path / name, lambda holder: (
+            f"{path} is in use by another training (process {holder}): wait for it to end, "
+            "or choose another --output")):
+        yield
+
+
+@contextlib.contextmanager
+def process_lock(lock_file: str | os.PathLike, busy: Callable[[str], str], *,
+                 wait: bool = False, remove: bool = False):
+    """Holds an exclusive lock on `lock_file` (created if need be) while the block runs: the
+    kernel's `flock`, which it releases when the process ends, by kill -9 too, so that nothing
+    is left to clean up. The file holds the holder's process id, for the others to name.
+
+    If another holds it (a process, or another open of the file in this one): ConfigError
+    `busy(its process id)`, at once; or with `wait`, `busy(its process id)` logged as a warning,
+    and the lock waited for. With `remove`, the holder deletes the file as it lets go (one who
+    then locks the deleted file notices, and locks the new one). A lock file that cannot be
+    created is a one-line OSError naming it; one whose process id cannot be written (a full
+    disk) still locks.
+
+    What `training_lock` (the run folder), `bulk_translation.translate_file` (an output file)
+    and `export.export_run` (a model folder's versions) hold.
+    """
+    lock_file = Path(lock_file)
+    fd = _lock_descriptor(lock_file, busy, wait)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            raise ConfigError(f"{path} is in use by another training (process {holder}): wait "
-                              "for it to end, or choose another --output") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        except OSError:  # a full disk: the others name the holder "unknown"
+            pass
         yield
     finally:
+        if remove:
+            lock_file.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _lock_descriptor(lock_file: Path, busy: Callable[[str], str], wait: bool) -> int:
+    """An open descriptor of `lock_file` whose `flock` this process holds (`process_lock`)."""
+    while True:
+        try:
+            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise write_error(lock_file, error) from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+                if not wait:
+                    raise ConfigError(busy(holder)) from None
+                logger.warning("%s", busy(holder))
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            try:  # still the file at `lock_file`, not one its holder deleted meanwhile
+                locked = os.path.samestat(os.fstat(fd), os.stat(lock_file))
+            except FileNotFoundError:
+                locked = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if locked:
+            return fd
         os.close(fd)
 
 
