@@ -44,7 +44,8 @@ from keras_transformer.ctranslate2_translator import MODEL_CHECKSUM, MODEL_FILE,
 from keras_transformer.layers.normalization import LAYER_NORM_EPSILON
 from keras_transformer.model import Transformer
 from keras_transformer.search_rules import kept_source_tokens
-from keras_transformer.text_io import errno_of, file_sha256, write_error
+from keras_transformer.text_io import (errno_of, file_sha256, partial_path,
+                                       remove_dead_partials, write_error)
 from keras_transformer.tokenizers import SentencePieceTokenizer, Tokenizer
 
 QUANTIZATIONS = ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES  # float32, int8, bfloat16, ...
@@ -62,7 +63,9 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
     The folder holds CTranslate2's files, the SentencePiece model and `keras_transformer.json`
     (the decoding settings, the source markers, `quantization`, the SHA-256 of `model.bin` that
     `CTranslate2Translator` checks before loading it, and `provenance` merged in). It is
-    written to a hidden sibling folder and renamed at the end, so it is never seen half-written.
+    written to a hidden sibling folder (`text_io.partial_path`) and renamed at the end, so it is
+    never seen half-written; what an export killed with -9 left beside it is removed first
+    (`text_io.remove_dead_partials`).
 
     Args:
         model: a trained `Transformer`.
@@ -92,8 +95,8 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
     output_dir = Path(output_dir)
     if output_dir.exists():
         raise FileExistsError(f"{output_dir} already exists: choose another folder")
-    partial = output_dir.with_name(f".{output_dir.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    remove_dead_partials(output_dir.parent)
+    partial = partial_path(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     try:
         converter = KerasTransformerConverter(model, _vocabulary(sentencepiece_path),

@@ -26,7 +26,8 @@ from keras_transformer.config import (CTRANSLATE2_FORMAT, END_ID, EXPORT_FORMATS
                                       ConfigError)
 from keras_transformer.fine_tuning import read_record
 from keras_transformer.runs import Run, check_writable_folder
-from keras_transformer.text_io import errno_of, file_sha256, first_line, write_error
+from keras_transformer.text_io import (errno_of, file_sha256, first_line, partial_path,
+                                       remove_dead_partials, write_error)
 from keras_transformer.text_normalization import NORMALIZATION
 from keras_transformer.tokenizers import without_sentencepiece_info
 from keras_transformer.translator import (SIGNATURES, Translator, signature_arguments,
@@ -125,8 +126,11 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
     a TF Serving warmup file (one request per signature), and `assets.extra/keras_transformer.json`:
     `provenance(translator)` updated with `provenance` (what `keras-transformer info --model`
     prints). It is written to a hidden sibling folder
-    and renamed at the end, so that TF Serving, which watches the parent folder, never sees a
-    half-written version; a write that fails (a full disk: a one-line OSError) removes it. The weights are exported frozen (`Translator(frozen_weights=True)`):
+    (`text_io.partial_path`, with the process id) and renamed at the end, so that TF Serving,
+    which watches the parent folder, never sees a half-written version; a write that fails (a
+    full disk: a one-line OSError) removes it, and what an export killed with -9 left there is
+    removed first (`text_io.remove_dead_partials`). The weights are exported frozen
+    (`Translator(frozen_weights=True)`):
     in the layout the decoding reads, prepared once here rather than at every request, and
     without a compiled model's optimizer state. With `batching`, concurrent calls of a signature
     are decoded together (`RequestBatching`).
@@ -142,8 +146,8 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
                                 translator.target_tokenizer, translator.decode_config,
                                 max_source_length=translator.max_source_length,
                                 frozen_weights=True)
-    partial = export_dir.with_name(f".{export_dir.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    remove_dead_partials(export_dir.parent)
+    partial = partial_path(export_dir)
     module = translator if batching is None else BatchingTranslator(translator, batching)
     record = {**translator_provenance(translator), "format": SAVEDMODEL_FORMAT,
               "request_batching": None if batching is None else dataclasses.asdict(batching),

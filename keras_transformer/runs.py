@@ -51,7 +51,8 @@ from keras_transformer import legacy_weights
 from keras_transformer.config import (ConfigError, ExperimentConfig, ModelConfig,
                                      load_yaml_with_bases)
 from keras_transformer.model import Transformer
-from keras_transformer.text_io import errno_of, first_line, write_error
+from keras_transformer.text_io import (PARTIAL_PREFIX, errno_of, first_line, partial_path,
+                                       remove_dead_partials, write_error)
 from keras_transformer.tokenizers import (META_FILE, Tokenizer, build_tokenizers, load_tokenizers,
                                           vocabulary_checksum)
 
@@ -62,7 +63,6 @@ STATE_FILE = "state.json"
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_PATTERN = "epoch_{epoch:03d}.weights.h5"
 WEIGHT_NAMES = ("best", "last")
-PARTIAL_PREFIX = ".partial-"
 LOCK_FILE = ".train.lock"  # held by the training that writes in the folder (`training_lock`)
 # HDF5 attributes of the weight files this package writes.
 MODEL_CONFIG_ATTR = "keras_transformer.model_config"
@@ -376,10 +376,11 @@ class Run:
         return 0
 
     def remove_partial_files(self) -> None:
-        """Deletes what a killed process left half-written (`.partial-*` files)."""
+        """Deletes what killed processes left half-written in the run (`.partial-PID-*` files
+        and folders: `text_io.remove_dead_partials`); those of a running one, an `average`
+        writing into the run folder, are kept."""
         for folder in (self.path, self.checkpoint_dir):
-            for path in folder.glob(f"{PARTIAL_PREFIX}*"):
-                path.unlink(missing_ok=True)
+            remove_dead_partials(folder)
 
     def average(self, last: int, output: str | os.PathLike | None = None, *,
                 upper_bound: int | None = None) -> Path:
@@ -421,6 +422,7 @@ class Run:
             total = weights if total is None else [t + w for t, w in zip(total, weights)]
         model.set_weights([(t / last).astype(w.dtype) for t, w in zip(total, model.get_weights())])
         output.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_partials(output.parent)  # what an average killed with -9 left
         save_weights(model, output, vocabulary=self.vocabulary_checksum())
         return output
 
@@ -514,9 +516,9 @@ def atomic_path(path: str | os.PathLike):
     """Yields a temporary name beside `path` to write to; renames it to `path` when the block
     ends without an error (after syncing it to disk), deletes it otherwise. The name keeps
     `path`'s suffix (Keras wants `.weights.h5`) and holds the process id (workers of one run
-    may write the same file)."""
+    may write the same file): `text_io.partial_path`."""
     path = Path(path)
-    partial = path.with_name(f"{PARTIAL_PREFIX}{os.getpid()}-{path.name}")
+    partial = partial_path(path)
     try:
         yield partial
         with open(partial, "rb+") as f:

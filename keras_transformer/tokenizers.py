@@ -51,7 +51,7 @@ from keras_transformer.config import (  # noqa: F401 (the reserved ids, re-expor
     ConfigError,
     DataConfig,
 )
-from keras_transformer.text_io import errno_of, write_error
+from keras_transformer.text_io import errno_of, partial_path, remove_dead_partials, write_error
 from keras_transformer.text_normalization import INVISIBLE_PATTERN, WHITESPACE_PATTERN
 from keras_transformer.word_alignment import WORD_BOUNDARY
 
@@ -414,14 +414,16 @@ def build_tokenizers(data_config: DataConfig, train_pairs: tf.data.Dataset,
     SentencePiece: one joint model from both sides (the two returned tokenizers are the same
     object). WordPiece: one vocabulary per language. Pass training pairs only, never test pairs.
 
-    The files are written into a hidden sibling folder and moved into `vocab_dir` at the end: a
-    failure (a vocabulary size the data cannot give, a full disk: a one-line OSError) leaves no
-    file and no folder that was not there before.
+    The files are written into a hidden sibling folder (`text_io.partial_path`) and moved into
+    `vocab_dir` at the end: a failure (a vocabulary size the data cannot give, a full disk: a
+    one-line OSError) leaves no file and no folder that was not there before, and what a
+    build killed with -9 left beside it is removed first (`text_io.remove_dead_partials`).
     """
     settings = _settings(data_config)
     vocab_dir = Path(vocab_dir)
     created = [folder for folder in (vocab_dir, *vocab_dir.parents) if not folder.exists()]
-    partial = vocab_dir.with_name(f".{vocab_dir.name}.partial-{os.getpid()}")
+    remove_dead_partials(vocab_dir.parent)
+    partial = partial_path(vocab_dir)
     try:
         partial.mkdir(parents=True)
         if data_config.tokenizer == "sentencepiece":

@@ -307,7 +307,7 @@ def test_settings_file_and_layout(random_translation_model, tmp_path):
         "quantization": "float32", "run": "runs/tiny", "weights": "best",
         "model_bin_sha256": file_sha256(folder / "model.bin")}
     assert (folder / "sentencepiece.model").is_file() and (folder / "model.bin").is_file()
-    assert not list(tmp_path.glob(".*partial"))
+    assert not list(tmp_path.glob(".partial-*"))
 
     config = json.loads((folder / "config.json").read_text())
     assert config["add_source_bos"] and config["add_source_eos"]

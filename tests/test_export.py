@@ -668,8 +668,9 @@ def test_an_input_of_another_rank_is_refused_by_name(export_dir):
 
 def test_an_export_killed_while_it_writes_leaves_no_version_and_the_next_completes(random_run,
                                                                                    tmp_path):
-    """SIGKILL while `export` writes its hidden `.1.partial` folder: the model folder, which TF
-    Serving watches, holds no version; the same command then writes version 1 in full."""
+    """SIGKILL while `export` writes its hidden `.partial-PID-1` folder: the model folder, which
+    TF Serving watches, holds no version; the same command then writes version 1 in full and
+    removes the dead process's folder."""
     import os
     import signal
     import time
@@ -680,15 +681,16 @@ def test_an_export_killed_while_it_writes_leaves_no_version_and_the_next_complet
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                env=env)
-    partial, deadline = root / ".1.partial", time.time() + 300
+    partial, deadline = root / f".partial-{process.pid}-1", time.time() + 300
     while not partial.exists() and process.poll() is None and time.time() < deadline:
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert partial.exists(), "the export ended (or never began writing) before the kill"
-    assert [path.name for path in root.iterdir()] == [".1.partial"]
+    assert [path.name for path in root.iterdir()] == [partial.name]
     again = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert sorted(path.name for path in root.iterdir()) == ["1"]
     loaded = load_translator(root / "1")
     assert loaded.translate_greedy(tf.constant(["Ein Hund."]))["translation"].shape == (1,)
+

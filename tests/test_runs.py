@@ -127,6 +127,37 @@ def test_averaged_weights_are_written_whole_with_a_checked_name(run_with_two_epo
         Run(tmp_path / "nowhere").average(2)
 
 
+def test_what_killed_writers_left_is_removed_and_a_running_ones_is_kept(run_with_two_epochs):
+    """kill -9 of `average` left `.partial-PID-average_last2.weights.h5` in the run, and no
+    later command removed it: the next average removes what dead processes left, and keeps a
+    running one's (another average writing there now); so does a training's start, folders
+    too."""
+    import signal
+    import subprocess
+
+    run, _ = run_with_two_epochs
+    dead = subprocess.Popen(["sleep", "60"])
+    dead.send_signal(signal.SIGKILL)
+    dead.wait()
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        left = run.path / f".partial-{dead.pid}-average_last2.weights.h5"
+        writing = run.path / f".partial-{alive.pid}-average_last2.weights.h5"
+        for path in (left, writing):
+            path.write_bytes(b"\x89HDF\r\n")  # what a kill cut short
+        run.average(2)
+        assert not left.exists() and writing.exists()
+        vocab = run.path / f".partial-{dead.pid}-vocab"
+        (vocab / "sub").mkdir(parents=True)
+        checkpoint = run.checkpoint_dir / f".partial-{dead.pid}-epoch_003.weights.h5"
+        checkpoint.write_bytes(b"\x89HDF")
+        run.remove_partial_files()
+        assert not vocab.exists() and not checkpoint.exists() and writing.exists()
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 # ----------------------------------------------------------------------------- what weights carry
 
 def test_weights_carry_their_model_config_and_a_mismatch_names_the_first_field(tmp_path):
