@@ -45,7 +45,7 @@ from keras_transformer.layers.normalization import LAYER_NORM_EPSILON
 from keras_transformer.model import Transformer
 from keras_transformer.search_rules import kept_source_tokens
 from keras_transformer.text_io import (errno_of, file_sha256, partial_path,
-                                       remove_dead_partials, write_error)
+                                       remove_dead_partials, rename_new, write_error)
 from keras_transformer.tokenizers import SentencePieceTokenizer, Tokenizer
 
 QUANTIZATIONS = ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES  # float32, int8, bfloat16, ...
@@ -107,7 +107,7 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
         settings[MODEL_CHECKSUM] = file_sha256(partial / MODEL_FILE)
         (partial / SETTINGS_FILE).write_text(
             json.dumps({**settings, **(provenance or {})}, indent=2) + "\n")
-        os.replace(partial, output_dir)
+        rename_new(partial, output_dir, "choose a new --output")
     except BaseException as error:
         shutil.rmtree(partial, ignore_errors=True)
         if isinstance(error, OSError) and errno_of(error):  # a full disk: one line

@@ -25,15 +25,16 @@ from keras_transformer.config import (CTRANSLATE2_FORMAT, END_ID, EXPORT_FORMATS
                                       PROVENANCE_FILE, SAVEDMODEL_FORMAT, START_ID, UNK_ID,
                                       ConfigError)
 from keras_transformer.fine_tuning import read_record
-from keras_transformer.runs import Run, check_writable_folder
+from keras_transformer.runs import Run, check_writable_folder, process_lock
 from keras_transformer.text_io import (errno_of, file_sha256, first_line, partial_path,
-                                       remove_dead_partials, write_error)
+                                       remove_dead_partials, rename_new, write_error)
 from keras_transformer.text_normalization import NORMALIZATION
 from keras_transformer.tokenizers import without_sentencepiece_info
 from keras_transformer.translator import (SIGNATURES, Translator, signature_arguments,
                                           signature_inputs, translator_from_run)
 
 WARMUP_FILE = "tf_serving_warmup_requests"  # in assets.extra/, replayed by TF Serving on load
+EXPORT_LOCK = ".export.lock"  # in a model folder, held by the export writing a version there
 WARMUP_SENTENCES = ("Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "")
 # The functions every export has had (later ones, such as translate_sampling, are newer).
 LOADER_FUNCTIONS = ("translate_greedy", "translate_beam", "translate_nbest")
@@ -158,7 +159,7 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
         if warmup_sentences is not None:
             write_warmup_requests(partial, warmup_sentences, model_name=export_dir.parent.name)
         write_provenance(partial / "assets.extra", record)
-        os.replace(partial, export_dir)
+        rename_new(partial, export_dir, "choose another version")
     except BaseException as error:
         shutil.rmtree(partial, ignore_errors=True)
         # A full disk or an unwritable folder (TensorFlow says so in an OpError): one line.
@@ -294,14 +295,20 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
         raise ConfigError(f"--quantization {quantization} is for --format ctranslate2; a "
                           "SavedModel keeps the run's float32 weights")
     check_writable_folder(model_root, "export folder")
-    if version is not None and (Path(model_root) / str(version)).exists():
-        raise FileExistsError(f"{Path(model_root) / str(version)} already exists: choose another "
-                              "version")
-    translator = translator_from_run(run_dir, **translator_args)
-    version = next_version(model_root) if version is None else version
-    return export_translator(
-        translator, Path(model_root) / str(version), batching=batching,
-        provenance=run_provenance(run_dir, translator_args.get("weights", "best")))
+    root = Path(model_root)
+    if version is not None and (root / str(version)).exists():
+        raise FileExistsError(f"{root / str(version)} already exists: choose another version")
+    root.mkdir(parents=True, exist_ok=True)
+    # One export into a model folder at a time: a second waits, then takes the next version
+    # (both took the first free one, and one failed when the other's was renamed into place).
+    with process_lock(root / EXPORT_LOCK, lambda holder: (
+            f"{root}: process {holder} is exporting a version there; waiting for it to end"),
+            wait=True, remove=True):
+        translator = translator_from_run(run_dir, **translator_args)
+        version = next_version(root) if version is None else version
+        return export_translator(
+            translator, root / str(version), batching=batching,
+            provenance=run_provenance(run_dir, translator_args.get("weights", "best")))
 
 
 def _export_run_ctranslate2(run_dir, output_dir, quantization, **translator_args) -> Path:

@@ -216,6 +216,19 @@ def _running(pid: int) -> bool:
     return True
 
 
+def rename_new(partial: str | os.PathLike, target: str | os.PathLike, advice: str) -> None:
+    """Renames the written folder `partial` to `target`, which did not exist when the writing
+    began: FileExistsError naming `target`, with `advice`, if another process made it
+    meanwhile (the rename fails with "Directory not empty")."""
+    try:
+        os.rename(partial, target)
+    except OSError as error:
+        if error.errno in (errno.ENOTEMPTY, errno.EEXIST) or Path(target).exists():
+            raise FileExistsError(f"{target} already exists (another process wrote it while "
+                                  f"this one did): {advice}") from None
+        raise
+
+
 def write_error(path: str | os.PathLike, error: BaseException) -> OSError:
     """The one-line OSError for a file or folder `path` that could not be written (a full disk,
     no permission: `error`, whose errno it keeps), saying that nothing of it was left."""

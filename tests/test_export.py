@@ -687,10 +687,81 @@ def test_an_export_killed_while_it_writes_leaves_no_version_and_the_next_complet
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert partial.exists(), "the export ended (or never began writing) before the kill"
-    assert [path.name for path in root.iterdir()] == [partial.name]
+    # the lock the killed export held: the kernel let it go, its file stays
+    assert sorted(path.name for path in root.iterdir()) == [".export.lock", partial.name]
     again = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert sorted(path.name for path in root.iterdir()) == ["1"]
     loaded = load_translator(root / "1")
     assert loaded.translate_greedy(tf.constant(["Ein Hund."]))["translation"].shape == (1,)
 
+
+def test_two_exports_into_one_model_folder_at_once_get_two_versions(random_run, tmp_path,
+                                                                    monkeypatch, caplog):
+    """The probe: two `export --output models/conc` at once both took version 1 and one work
+    folder, which each deleted on start, and one failed with "[Errno 39] Directory not empty".
+    Here a second export starts while the first writes: it waits, naming the first one's
+    process, then writes version 2; both versions load and translate."""
+    import logging
+    import os
+    import threading
+    import time
+
+    from keras_transformer import export
+
+    root = tmp_path / "conc"
+    save, second = tf.saved_model.save, {}
+
+    def export_second():
+        try:
+            second["path"] = export.export_run(random_run, root)
+        except BaseException as error:  # reported by the assertion below
+            second["error"] = error
+
+    thread = threading.Thread(target=export_second)
+    waiting = f"{root}: process {os.getpid()} is exporting a version there; waiting for it to end"
+
+    def first_save(*args, **kwargs):  # part-way through the first export
+        monkeypatch.setattr(tf.saved_model, "save", save)
+        thread.start()
+        deadline = time.time() + 300
+        while waiting not in caplog.text and time.time() < deadline:
+            time.sleep(0.05)
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(tf.saved_model, "save", first_save)
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+        first = export.export_run(random_run, root)
+        thread.join(timeout=600)
+    assert waiting in caplog.text
+    assert (first, second) == (root / "1", {"path": root / "2"})
+    assert sorted(path.name for path in root.iterdir()) == ["1", "2"]
+    for version in (first, second["path"]):
+        loaded = load_translator(version)
+        assert loaded.translate_greedy(tf.constant(["Ein Hund."]))["translation"].shape == (1,)
+
+
+def test_a_ctranslate2_export_whose_folder_another_wrote_meanwhile_is_one_line(
+        random_run, tmp_path, monkeypatch, capsys):
+    """Two CTranslate2 exports into one --output at once: the one that finishes second is
+    refused in one line naming the folder (it failed with "Directory not empty"), and the
+    other's export is left as it was."""
+    pytest.importorskip("ctranslate2")
+    from keras_transformer import ctranslate2_export
+
+    output = tmp_path / "ct2"
+    sha256 = ctranslate2_export.file_sha256
+
+    def other_export_finishes(path):  # while this one writes
+        output.mkdir()
+        (output / "model.bin").write_bytes(b"the other export's")
+        return sha256(path)
+
+    monkeypatch.setattr(ctranslate2_export, "file_sha256", other_export_finishes)
+    assert cli.main(["export", "--run", str(random_run), "--format", "ctranslate2",
+                     "--output", str(output)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"keras-transformer export: error: {output} already exists (another process wrote it "
+        "while this one did): choose a new --output")
+    assert [p.name for p in tmp_path.iterdir()] == ["ct2"]
+    assert (output / "model.bin").read_bytes() == b"the other export's"
