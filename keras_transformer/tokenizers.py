@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import BinaryIO, Iterable, Sequence
 
 import sentencepiece
 import tensorflow as tf
@@ -325,11 +326,16 @@ def train_sentencepiece(sentences: Iterable[str], model_path: str | Path, vocab_
     Identity normalization, kept whitespace and byte fallback make the round trip exact (no
     NFKC rewriting, unseen characters become byte pieces instead of UNK). `vocab_size` is a soft
     limit: a small corpus may give fewer pieces. At most `max_sentences` (a random sample) are used.
+
+    SentencePiece hands the model back as bytes, which Python writes: its own file writing
+    says nothing when the disk fills during the model (a cut model file was left) and raises a
+    RuntimeError without the errno during the `.vocab` copy, where Python's OSError keeps it.
     """
     model_path = Path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
+    model = io.BytesIO()
     try:
-        _train_sentencepiece(sentences, model_path, vocab_size, max_sentences, symbols)
+        _train_sentencepiece(sentences, model, vocab_size, max_sentences, symbols)
     except RuntimeError as error:
         if "Vocabulary size is smaller than required_chars" not in str(error):
             raise
@@ -337,19 +343,17 @@ def train_sentencepiece(sentences: Iterable[str], model_path: str | Path, vocab_
         raise ConfigError(f"data.vocab_size={vocab_size} is too small for the characters of the "
                           f"training text (they alone take {needed[2] if needed else 'more'} "
                           "pieces); raise data.vocab_size") from error
-    written = model_path.with_suffix(".model")
-    if written != model_path:
-        written.rename(model_path)
-    model_path.with_suffix(".vocab").unlink(missing_ok=True)  # a human-readable copy we do not use
+    model_path.write_bytes(model.getvalue())
     return model_path
 
 
-def _train_sentencepiece(sentences, model_path: Path, vocab_size: int, max_sentences: int,
-                         symbols: Sequence[str] = ()):
+def _train_sentencepiece(sentences, model_writer: BinaryIO, vocab_size: int,
+                         max_sentences: int, symbols: Sequence[str] = ()):
+    """Trains the model and writes its bytes to `model_writer` (no file is written)."""
     sentencepiece.SentencePieceTrainer.train(
         user_defined_symbols=list(symbols),
         sentence_iterator=iter(sentences),
-        model_prefix=str(model_path.with_suffix("")),
+        model_writer=model_writer,
         model_type="unigram",
         vocab_size=vocab_size,
         hard_vocab_limit=False,

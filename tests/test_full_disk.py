@@ -69,6 +69,16 @@ def small_filesystem(tmp_path):
     subprocess.run(["umount", str(folder)], check=True)
 
 
+def fill(folder: Path) -> Path:
+    """Writes a file into `folder` until its file system is full; returns the file."""
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        with pytest.raises(OSError, match="No space left on device"):
+            while True:
+                f.write(b"\0" * 4096)
+    return filler
+
+
 # ----------------------------------------------------------------------------- export
 
 @pytest.mark.parametrize("error", ["tensorflow", "python"])
@@ -233,11 +243,7 @@ def test_translate_output_onto_a_real_full_disk_leaves_nothing_and_runs_once_fre
     and the same command then refused the empty record as damaged."""
     job, expected = translate_job
     argv, output = job(small_filesystem)
-    filler = small_filesystem / "filler"
-    with open(filler, "wb", buffering=0) as f:  # every block of the file system
-        with pytest.raises(OSError, match="No space left on device"):
-            while True:
-                f.write(b"\0" * 4096)
+    filler = fill(small_filesystem)
     assert cli.main(argv) == 2
     assert error_line(capsys, "translate").endswith(f"cannot write {output} {NO_SPACE}")
     assert sorted(p.name for p in small_filesystem.iterdir()) == ["filler"]
@@ -311,6 +317,20 @@ def test_build_vocab_that_fails_leaves_no_folder(multi30k_dir, tmp_path, monkeyp
     if failure == "full_disk":
         assert line.endswith(f"cannot write {output} {NO_SPACE}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml"]
+
+
+def test_build_vocab_onto_a_real_full_disk(multi30k_dir, tmp_path, small_filesystem, capsys):
+    """SentencePiece's own writing met the full disk with a traceback ending "RuntimeError:
+    INTERNAL: src/trainer_interface.cc(783) [output->WriteLine(...)]" (its .vocab copy), and
+    cut the model file short without a word: one line naming the folder, nothing left."""
+    config = tmp_path / "exp.yaml"
+    config.write_text(f"data: {{dataset: files, data_dir: {multi30k_dir}, vocab_size: 600, "
+                      "vocab_sample_sentences: 2000}\n")
+    output = small_filesystem / "vocab"
+    fill(small_filesystem)
+    assert cli.main(["build-vocab", "--config", str(config), "--output", str(output)]) == 2
+    assert error_line(capsys, "build-vocab").endswith(f"cannot write {output} {NO_SPACE}")
+    assert sorted(p.name for p in small_filesystem.iterdir()) == ["filler"]
 
 
 # ----------------------------------------------------------------------------- train
