@@ -47,6 +47,11 @@ RESERVED_IDS = 4
 # (a SavedModel's assets.extra/, a CTranslate2 export's folder).
 SENTENCEPIECE_FILE = "sentencepiece.model"
 PROVENANCE_FILE = "keras_transformer.json"
+# The key of that record holding the SHA-256 of each vocabulary file the export was made with
+# ({file name: hex}: a SavedModel's assets/, a CTranslate2 export's SentencePiece model and
+# vocabulary), which loading checks: another vocabulary of the same size fits the model's
+# shapes and turns every translation into other words.
+VOCABULARY_CHECKSUMS = "vocabulary_sha256"
 SECTIONS = ("model", "data", "train", "decode")
 # `keras-transformer export --format`: a SavedModel (TF Serving), or a CTranslate2 model folder.
 SAVEDMODEL_FORMAT, CTRANSLATE2_FORMAT = EXPORT_FORMATS = ("savedmodel", "ctranslate2")

@@ -32,10 +32,10 @@ import ctranslate2
 import numpy as np
 import sentencepiece
 
-from keras_transformer.config import PROVENANCE_FILE, ConfigError
+from keras_transformer.config import PROVENANCE_FILE, VOCABULARY_CHECKSUMS, ConfigError
 from keras_transformer.search_rules import (NEG_INF, cannot_improve, finished_to_stop,
                                             kept_source_tokens, length_penalty, output_cap)
-from keras_transformer.text_io import file_sha256, first_line
+from keras_transformer.text_io import changed_file, file_sha256, first_line
 from keras_transformer.text_normalization import normalize
 from keras_transformer.word_alignment import hard_alignment, word_attention, word_indices
 
@@ -96,6 +96,14 @@ class CTranslate2Translator:
         # A damaged folder fails in json, sentencepiece or CTranslate2, each with its own error.
         try:
             self.settings = json.loads(settings_path.read_text(encoding="utf-8"))
+            vocabulary = self.settings.get(VOCABULARY_CHECKSUMS, {})  # exports before: none
+            changed = changed_file(self.model_dir, vocabulary)
+            if changed is not None and not (self.model_dir / changed).is_file():
+                raise ValueError(f"no {changed}")
+            if changed is not None:
+                raise ValueError(f"{changed} differs from the SHA-256 recorded in {SETTINGS_FILE} "
+                                 "when it was exported (not the vocabulary the model was "
+                                 "trained with); export the run again")
             self.processor = sentencepiece.SentencePieceProcessor(
                 model_file=str(self.model_dir / self.settings["sentencepiece_model"]))
             # the reserved ids (PAD 0, START 1, END 2 in every model `tokenizers` trains)

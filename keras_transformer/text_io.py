@@ -268,3 +268,13 @@ def file_sha256(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def changed_file(folder: str | os.PathLike, recorded: Mapping[str, str]) -> str | None:
+    """The first name of `recorded` ({file name: SHA-256 in hex}) whose file in `folder` is
+    missing or holds other bytes, or None if every one is as recorded."""
+    for name, digest in recorded.items():
+        path = Path(folder) / name
+        if not path.is_file() or file_sha256(path) != digest:
+            return name
+    return None

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import cli
-from keras_transformer.config import DecodeConfig, ExperimentConfig
+from keras_transformer.config import ConfigError, DecodeConfig, ExperimentConfig
 from keras_transformer.decoding import NEG_INF
 from keras_transformer.tokenizers import SERVING_TF_TEXT_OPS
 from keras_transformer.export import WARMUP_FILE, export_translator, load_translator
@@ -402,6 +402,49 @@ def test_cli_names_a_damaged_or_foreign_saved_model(export_dir, tmp_path, damage
         "provenance_a_list": f"{provenance}: expected a JSON object, found list",
     }[damage]
     assert expected in err, err
+
+
+def test_an_export_whose_vocabulary_was_swapped_is_refused_by_name(random_export, tmp_path):
+    """The probe: a SavedModel whose assets/sentencepiece.model was swapped for another
+    vocabulary of the same size (here two pieces traded) translated without a word (with the
+    graph's own copy of the model: a WordPiece graph reads its vocabulary from assets/). The
+    export records each vocabulary file's SHA-256, and loading it refuses a swapped one in one
+    line naming the file; an export made before the record loads as before."""
+    import shutil
+
+    from sentencepiece import sentencepiece_model_pb2
+
+    from keras_transformer.text_io import file_sha256
+
+    copy = tmp_path / "1"
+    shutil.copytree(random_export, copy)
+    asset = copy / "assets" / "sentencepiece.model"
+    provenance = copy / "assets.extra" / "keras_transformer.json"
+    record = json.loads(provenance.read_text())
+    assert record["vocabulary_sha256"] == {"sentencepiece.model": file_sha256(asset)}
+    proto = sentencepiece_model_pb2.ModelProto.FromString(asset.read_bytes())
+    proto.pieces[10].piece, proto.pieces[11].piece = (proto.pieces[11].piece,
+                                                      proto.pieces[10].piece)
+    asset.write_bytes(proto.SerializeToString())
+    text = tmp_path / "text"
+    text.write_text("Hallo\n")
+    for command in (["translate", "--quiet"], ["evaluate", "--quiet", "--source", str(text),
+                                               "--reference", str(text)]):
+        code, out, err = run_cli([*command, "--model", str(copy)], "Hallo\n")
+        assert (code, out) == (2, "")
+        assert err.strip() == (
+            f"keras-transformer {command[0]}: error: {asset} differs from the SHA-256 recorded "
+            "in assets.extra/keras_transformer.json when it was exported (not the vocabulary "
+            "the model was trained with); export the run again")
+    asset.unlink()
+    with pytest.raises(ConfigError, match=rf"^{copy}: no assets/sentencepiece.model, a "
+                                          "vocabulary file it was exported with"):
+        load_translator(copy)
+    shutil.copy(random_export / "assets" / "sentencepiece.model", asset)
+    del record["vocabulary_sha256"]  # as exports made before the record
+    provenance.write_text(json.dumps(record))
+    code, out, err = run_cli(["translate", "--quiet", "--model", str(copy)], "Hallo\n")
+    assert code == 0 and len(out.splitlines()) == 1, err
 
 
 def test_cli_export_refuses_quantization_without_ctranslate2(random_run, tmp_path):
