@@ -49,7 +49,7 @@ import numpy as np
 from keras_transformer import data as data_lib
 from keras_transformer import legacy_weights
 from keras_transformer.config import (ConfigError, ExperimentConfig, ModelConfig,
-                                     load_yaml_with_bases)
+                                     load_yaml_with_bases, map_paths, read_yaml)
 from keras_transformer.model import Transformer
 from keras_transformer.text_io import (PARTIAL_PREFIX, errno_of, first_line, partial_path,
                                        remove_dead_partials, write_error)
@@ -181,7 +181,8 @@ class Run:
             if not self.config_path.is_file():
                 raise ConfigError(f"{self.path} is not a training run ({CONFIG_FILE} not found)")
             try:
-                config = ExperimentConfig.from_yaml(self.config_path)
+                config = _with_legacy_paths(ExperimentConfig.from_yaml(self.config_path),
+                                            self.config_path)
             except ConfigError as error:
                 if str(error).startswith(str(self.config_path)):
                     raise
@@ -801,11 +802,33 @@ def _as_trained(config: ExperimentConfig, path: Path) -> ExperimentConfig:
     return config
 
 
+def _with_legacy_paths(config: ExperimentConfig, path: Path) -> ExperimentConfig:
+    """A run's saved config with the paths that runs saved before paths were read relative to
+    the config file gave relative to the working directory, read from there: where one is not
+    found beside the file but is from the working directory (with a warning, once)."""
+    given = {}
+    map_paths(read_yaml(path) or {}, lambda name, value: given.setdefault(name, value))
+
+    def legacy(name: str, value: str) -> str:
+        old = given.get(name)
+        if old is None or old == value or os.path.exists(value) or not os.path.exists(old):
+            return value
+        _warn_once("%s: %s %s is read from the working directory, as runs saved before paths "
+                   "were read relative to the config file gave it; write it relative to the "
+                   "file, or absolute", path, name, old)
+        return old
+
+    values = map_paths(config.to_dict(), legacy)
+    return config if values == config.to_dict() else ExperimentConfig.from_dict(values)
+
+
 def _comparable(config: ExperimentConfig) -> dict:
     """The config without what training fills in (vocabulary sizes), may extend (epochs),
     only changes what TensorBoard shows (log_every_steps, profile_batches) or says where the
-    same data is cached (tfds_data_dir: a machine's folder, not the data)."""
-    values = config.to_dict()
+    same data is cached (tfds_data_dir: a machine's folder, not the data); paths by the file or
+    folder they name (a run's config.yaml gives them relative to itself)."""
+    values = map_paths(config.to_dict(),
+                       lambda name, value: os.path.realpath(os.path.expanduser(value)))
     for key in ("source_vocab_size", "target_vocab_size"):
         values["model"].pop(key)
     values["train"].pop("epochs")
