@@ -12,6 +12,11 @@ kill and split across machines:
 - A record beside the output (`OUTPUT.resume.json`: source, shard, search settings) says that
   the output is unfinished, and which job it belongs to; it is removed when the shard is done. A
   run refuses an output it did not start, and one started with other settings.
+- One job writes an output at a time: a second one is refused, naming the first one's process
+  (`runs.process_lock` on a hidden `.OUTPUT.lock` beside it, deleted when the job ends).
+- A full disk is one line naming the output, and leaves a job that resumes once there is room:
+  the record is written whole before the output exists (or neither is left), and a chunk that
+  meets the full disk leaves whole lines and at most one cut line, as a kill does.
 - `Shard(i, n)` takes the i-th of n contiguous slices of the file, so that the outputs of
   shards 0 .. n-1, concatenated in order, are the translation of the whole file.
 - With a `seed`, sentence k of the file (counting from 0, whatever the shard, chunk or batch)
@@ -30,7 +35,9 @@ from pathlib import Path
 from typing import Callable
 
 from keras_transformer.config import ConfigError
-from keras_transformer.text_io import DataError, one_line, read_user_lines
+from keras_transformer.runs import atomic_path, process_lock
+from keras_transformer.text_io import (DataError, errno_of, one_line, read_user_lines,
+                                       write_error)
 from keras_transformer.translator import TranslateFn, translate_texts
 
 CHUNK_SIZE = 16384  # lines sorted and written together (at most the loss of a kill)
@@ -89,28 +96,34 @@ def translate_file(translate: TranslateFn, source: str | os.PathLike, output: st
                           "the input")
     if output.is_dir():
         raise ConfigError(f"--output {output} is a folder, not a file")
-    lines = read_user_lines(source)
-    numbers = shard.lines(len(lines))
-    record = {"source": str(source.resolve()), "source_lines": len(lines),
-              "shard": f"{shard.index}/{shard.count}", "seed": seed, "settings": settings}
-    resumed_at = done = _resume(output, record, len(numbers))
-    if progress is not None:
-        progress(done, len(numbers))
-
-    def batch_done(count):
-        nonlocal done
-        done += count
+    folder = output.resolve().parent
+    if not folder.is_dir():
+        raise ConfigError(f"--output {output}: no folder {folder}")
+    with process_lock(output.with_name(f".{output.name}.lock"), lambda holder: (
+            f"--output {output} is being written by another translation job (process "
+            f"{holder}): wait for it to end, or choose another --output"), remove=True):
+        lines = read_user_lines(source)
+        numbers = shard.lines(len(lines))
+        record = {"source": str(source.resolve()), "source_lines": len(lines),
+                  "shard": f"{shard.index}/{shard.count}", "seed": seed, "settings": settings}
+        resumed_at = done = _resume(output, record, len(numbers))
         if progress is not None:
             progress(done, len(numbers))
 
-    for start in range(numbers.start + done, numbers.stop, chunk_size):
-        chunk = range(start, min(start + chunk_size, numbers.stop))
-        translations = translate_texts(
-            translate, lines[chunk.start:chunk.stop], batch_size=batch_size, workers=workers,
-            seeds=None if seed is None else [seed + number for number in chunk],
-            progress=batch_done)
-        _append(output, translations)
-    Path(str(output) + RESUME_SUFFIX).unlink(missing_ok=True)
+        def batch_done(count):
+            nonlocal done
+            done += count
+            if progress is not None:
+                progress(done, len(numbers))
+
+        for start in range(numbers.start + done, numbers.stop, chunk_size):
+            chunk = range(start, min(start + chunk_size, numbers.stop))
+            translations = translate_texts(
+                translate, lines[chunk.start:chunk.stop], batch_size=batch_size,
+                workers=workers, seeds=None if seed is None else [seed + n for n in chunk],
+                progress=batch_done)
+            _append(output, translations)
+        Path(str(output) + RESUME_SUFFIX).unlink(missing_ok=True)
     return {"lines": len(numbers), "resumed_at": resumed_at}
 
 
@@ -120,11 +133,17 @@ def _resume(output: Path, record: dict, total: int) -> int:
     for an output this job did not start."""
     resume = Path(str(output) + RESUME_SUFFIX)
     if not output.exists():
-        folder = output.resolve().parent
-        if not folder.is_dir():
-            raise ConfigError(f"--output {output}: no folder {folder}")
-        output.touch()
-        resume.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        # The record first, whole (an output without one would be refused as not this job's),
+        # then the output; a full disk leaves neither.
+        try:
+            with atomic_path(resume) as partial:
+                partial.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+            output.touch()
+        except OSError as error:
+            resume.unlink(missing_ok=True)
+            if not errno_of(error):
+                raise
+            raise write_error(output, error) from None
         return 0
     if not resume.is_file():
         raise ConfigError(f"--output {output} exists and is not an unfinished translation (no "
@@ -153,8 +172,20 @@ def _resume(output: Path, record: dict, total: int) -> int:
 
 
 def _append(output: Path, lines: list[str]) -> None:
-    """Appends `lines` to `output`, one line each, and flushes them to disk."""
-    with open(output, "ab") as f:
-        f.write("".join(one_line(line) + "\n" for line in lines).encode("utf-8"))
-        f.flush()
-        os.fsync(f.fileno())
+    """Appends `lines` to `output`, one line each, and flushes them to disk. A full disk (or
+    any refusal of the file system) is a one-line OSError naming `output` that says the job
+    resumes: what was written stays, cut at its last whole line by the next run."""
+    try:
+        with open(output, "ab") as f:
+            f.write("".join(one_line(line) + "\n" for line in lines).encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as error:
+        code = errno_of(error)
+        if not code:
+            raise
+        failure = OSError(f"cannot write {output} ({os.strerror(code)}); the lines translated "
+                          "so far are kept: make room, then run the same command again to "
+                          "resume")
+        failure.errno = code
+        raise failure from None

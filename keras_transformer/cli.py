@@ -251,12 +251,7 @@ def _translate_function(args):
     if getattr(args, "prefix", None) is not None:  # translate's, not evaluate's
         return _prefix_function(args, module)
     if not args.run_dir:
-        if args.beam is not None and not args.greedy:
-            exported = int(module.translate_nbest(_strings(["."]))["scores"].shape[1])
-            if args.beam != exported:
-                raise ConfigError(
-                    f"--beam {args.beam}: {args.model} was exported with beam size {exported};"
-                    f" export again with --beam {args.beam}, or use --run")
+        _check_exported_beam(args, module)
         if args.sampling and hasattr(module, "sample_ids"):  # CTranslate2: settings per call
             names = {"sampling_topk": "top_k", "sampling_topp": "top_p",
                      "sampling_temperature": "temperature"}
@@ -272,6 +267,22 @@ def _translate_function(args):
     return lambda *inputs: getattr(module, name)(*inputs)
 
 
+def _exported_beam_size(module) -> int:
+    """The beam size an export (SavedModel or CTranslate2) was made with."""
+    return int(module.translate_nbest(_strings(["."]))["scores"].shape[1])
+
+
+def _check_exported_beam(args, module) -> None:
+    """ConfigError if --beam differs from the beam size the export of --model was made with:
+    its beam searches (translate_beam, translate_nbest, translate_prefix) have it fixed."""
+    if args.run_dir or args.beam is None or args.greedy:
+        return
+    exported = _exported_beam_size(module)
+    if args.beam != exported:
+        raise ConfigError(f"--beam {args.beam}: {args.model} was exported with beam size "
+                          f"{exported}; export again with --beam {args.beam}, or use --run")
+
+
 def _prefix_function(args, module):
     """With --prefix: `(string [batch], prefixes string [batch]) -> {"translation", ...}`."""
     if args.sampling:
@@ -279,6 +290,7 @@ def _prefix_function(args, module):
     if args.run_dir:
         search = _search_name(args)
         return lambda batch, prefixes: module.translate(batch, search, prefix=prefixes)
+    _check_exported_beam(args, module)
     if hasattr(module, "sample_ids"):  # CTranslate2
         return lambda batch, prefixes: module.translate_prefix(batch, prefixes,
                                                                greedy=args.greedy)
@@ -485,7 +497,8 @@ def _translate_nbest(args) -> int:
         raise ConfigError("--nbest writes to standard output: not with --output or --shard")
     lines = _read_user_lines(args.source, args.command)
     module = _translator_module(args)
-    width = int(module.translate_nbest(_strings(["."]))["scores"].shape[1])
+    _check_exported_beam(args, module)
+    width = _exported_beam_size(module)
     if args.nbest > width:
         raise ConfigError(f"--nbest {args.nbest}: the beam holds {width} hypotheses; give "
                           f"--beam {args.nbest} (with --run), or export with --beam {args.nbest}")
@@ -739,16 +752,25 @@ def _patiences(text: str) -> list[float]:
     return _numbers(text, 1, "patience")
 
 
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
 def _probability(text: str) -> float:
-    value = _numbers(text, 0, "probability")[0] if "," not in text else -1.0
+    """--sampling-topp: decode.sampling_topp's rule, in (0, 1] (nan is not)."""
+    value = _number(text)
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"{text}: must be a number in (0, 1]")
     return value
 
 
 def _temperature(text: str) -> float:
-    value = _numbers(text, 0, "temperature")[0] if "," not in text else 0.0
-    if not value > 0:
+    """--sampling-temperature: decode.sampling_temperature's rule, a finite number > 0."""
+    value = _number(text)
+    if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{text}: must be a finite number > 0")
     return value
 

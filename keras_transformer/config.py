@@ -13,6 +13,15 @@ A file may extend another with `base: PATH` (relative to the file; bases may hav
 sections are merged key by key and the file's own values win, so experiments that share a recipe
 keep it in one place (`experiments/base/`).
 
+Every path in a config file is read relative to the file that gives it, as `base:` is: a
+`model.preset` that names a .yaml file, `data.data_dir`, `data.vocab_dir`, `data.tfds_data_dir`,
+the `data.corpora` entries' `data_dir`, `source_file` and `target_file`, and `train.init_from`
+(`PATH_KEYS`); an absolute path, or one from `~`, as it is. Overrides (`--set
+section.key=value`) are in no file: relative to the working directory. `to_yaml` writes a path
+relative to the file's folder when it lies inside it (it moves with the folder, as a run's
+`vocab/` does) and absolute otherwise, so that the file reads back the same paths wherever it
+is read from (a run folder's `config.yaml`: `runs.Run.config`).
+
 Every value is checked when the config is built; errors name the field and the value.
 """
 
@@ -47,6 +56,11 @@ RESERVED_IDS = 4
 # (a SavedModel's assets.extra/, a CTranslate2 export's folder).
 SENTENCEPIECE_FILE = "sentencepiece.model"
 PROVENANCE_FILE = "keras_transformer.json"
+# The key of that record holding the SHA-256 of each vocabulary file the export was made with
+# ({file name: hex}: a SavedModel's assets/, a CTranslate2 export's SentencePiece model and
+# vocabulary), which loading checks: another vocabulary of the same size fits the model's
+# shapes and turns every translation into other words.
+VOCABULARY_CHECKSUMS = "vocabulary_sha256"
 SECTIONS = ("model", "data", "train", "decode")
 # `keras-transformer export --format`: a SavedModel (TF Serving), or a CTranslate2 model folder.
 SAVEDMODEL_FORMAT, CTRANSLATE2_FORMAT = EXPORT_FORMATS = ("savedmodel", "ctranslate2")
@@ -509,7 +523,11 @@ class ExperimentConfig:
         return dataclasses.asdict(self)
 
     def to_yaml(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        """Writes the config to `path`, its paths as that file reads them back (relative to its
+        folder inside it, absolute elsewhere: the module docstring)."""
+        path = Path(path)
+        values = map_paths(self.to_dict(), lambda name, value: _path_for(path, value))
+        path.write_text(yaml.safe_dump(values, sort_keys=False))
 
 
 def load_yaml_with_bases(path: str | os.PathLike, _named_by: tuple[Path, ...] = ()) -> dict:
@@ -528,6 +546,7 @@ def load_yaml_with_bases(path: str | os.PathLike, _named_by: tuple[Path, ...] = 
                           f"sections {', '.join(SECTIONS)} (see experiments/*.yaml)")
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(values).__name__}")
+    values = map_paths(values, lambda name, value: _beside(path, value))
     base = values.pop("base", None)
     if base is None:
         return values
@@ -539,6 +558,63 @@ def load_yaml_with_bases(path: str | os.PathLike, _named_by: tuple[Path, ...] = 
         cycle = " -> ".join(str(p) for p in (*chain, base_path))
         raise ConfigError(f"{path}: base {base!r} makes a cycle: {cycle}")
     return merge_sections(load_yaml_with_bases(base_path, chain), values)
+
+
+# The keys of a config that name files or folders, by section (a corpus's in `data.corpora`),
+# each read relative to the file that gives it; `model.preset` too when it names a .yaml file.
+PATH_KEYS = {"data": ("data_dir", "vocab_dir", "tfds_data_dir"), "train": ("init_from",)}
+CORPUS_PATH_KEYS = ("data_dir", "source_file", "target_file")
+PRESET_SUFFIXES = (".yaml", ".yml")
+
+
+def map_paths(values: dict, function) -> dict:
+    """A copy of a config's `values` (sections of keys, as a file holds them) with each path
+    they give (`PATH_KEYS`, a non-empty string) replaced by `function(name, path)`, `name` as
+    errors spell it (`data.corpora[1].source_file`). Values of other types are left for the
+    checks to name."""
+    def mapped(name: str, value: Any) -> Any:
+        return function(name, value) if isinstance(value, str) and value else value
+
+    values = dict(values)
+    for section, keys in (("model", ("preset",)), *PATH_KEYS.items()):
+        if not isinstance(values.get(section), dict):
+            continue
+        entries = dict(values[section])
+        for key in keys:
+            if key in entries and not (key == "preset" and not str(entries[key]).endswith(
+                    PRESET_SUFFIXES)):
+                entries[key] = mapped(f"{section}.{key}", entries[key])
+        if section == "data" and isinstance(entries.get("corpora"), list):
+            entries["corpora"] = [
+                {key: mapped(f"data.corpora[{index}].{key}", value)
+                 if key in CORPUS_PATH_KEYS else value for key, value in corpus.items()}
+                if isinstance(corpus, dict) else corpus
+                for index, corpus in enumerate(entries["corpora"])]
+        values[section] = entries
+    return values
+
+
+def _from_home(path: str) -> bool:
+    return path.startswith("~")
+
+
+def _beside(config_file: Path, path: str) -> str:
+    """`path` as the config file that gives it means it: relative to the file's folder (an
+    absolute path, or one from `~`, as it is)."""
+    return path if os.path.isabs(path) or _from_home(path) else str(config_file.parent / path)
+
+
+def _path_for(config_file: Path, path: str) -> str:
+    """`path` (relative to the working directory, or absolute) as `config_file` gives it:
+    relative to the file's folder if it lies inside it, else absolute (one from `~` as it
+    is)."""
+    if _from_home(path):
+        return path
+    absolute = os.path.abspath(path)
+    folder = os.path.abspath(config_file.parent)
+    if os.path.commonpath([absolute, folder]) == folder:
+        return os.path.relpath(absolute, folder)
+    return absolute
 
 
 def merge_sections(base: dict, values: dict) -> dict:
@@ -687,10 +763,15 @@ def from_dict(cls, values: dict, prefix: str):
             raise ConfigError(f"{name}={value!r} has the wrong type: expected {_type_name(hint)}")
         if hint is float or float in typing.get_args(hint):
             value = float(value) if value is not None else None
-            if value is not None and not math.isfinite(value):
-                raise ConfigError(f"{name}={value!r} must be a finite number")
         kwargs[key] = value
-    return cls(**kwargs)
+    # The fields' own checks first: their messages state each field's rule (nan is refused as
+    # "must be in (0, 1]", not only as not finite); then any non-finite number they let pass.
+    built = cls(**kwargs)
+    for key, value in kwargs.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix + '.' if prefix else ''}{key}={value!r} must be a finite "
+                              "number")
+    return built
 
 
 def _yaml_float(text: str) -> Any:

@@ -10,6 +10,7 @@ scores (its second column, log P / lp). No TensorFlow: the rules read text and n
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Iterable, Iterator, Optional
 
@@ -28,10 +29,14 @@ class FilterRules:
     min_score: Optional[float] = None  # `score`'s log P / lp of the pair, at least
 
     def __post_init__(self):
-        if self.max_length_ratio is not None and not self.max_length_ratio >= 1:
-            raise ConfigError(f"max_length_ratio={self.max_length_ratio!r} must be >= 1")
+        # nan and infinity would turn a rule off without a word (no pair compares below nan)
+        ratio, score = self.max_length_ratio, self.min_score
+        if ratio is not None and not (ratio >= 1 and math.isfinite(ratio)):
+            raise ConfigError(f"max_length_ratio={ratio!r} must be a finite number >= 1")
         if self.max_repeat is not None and not self.max_repeat >= 1:
             raise ConfigError(f"max_repeat={self.max_repeat!r} must be >= 1")
+        if score is not None and not math.isfinite(score):
+            raise ConfigError(f"min_score={score!r} must be a finite number (a log P / lp)")
 
 
 def longest_repeat(text: str) -> int:
@@ -95,7 +100,10 @@ def parse_score_line(line: str, number: int, path: str) -> float:
     """The log P / lp of a `keras-transformer score` output line (its second column)."""
     fields = line.split("\t")
     try:
-        return float(fields[1])
+        score = float(fields[1])
     except (IndexError, ValueError):
         raise ConfigError(f"{path}, line {number}: {line.strip()[:60]!r} is not a line of "
                           "`keras-transformer score` (log P, log P / lp, tokens)") from None
+    if math.isnan(score):  # it would pass any --min-score (nothing compares below nan)
+        raise ConfigError(f"{path}, line {number}: the score (log P / lp) is nan, not a number")
+    return score

@@ -39,12 +39,14 @@ import sentencepiece
 import tensorflow as tf
 from ctranslate2.specs import common_spec, transformer_spec
 
-from keras_transformer.config import SENTENCEPIECE_FILE, ConfigError, DecodeConfig
+from keras_transformer.config import (SENTENCEPIECE_FILE, VOCABULARY_CHECKSUMS, ConfigError,
+                                      DecodeConfig)
 from keras_transformer.ctranslate2_translator import MODEL_CHECKSUM, MODEL_FILE, SETTINGS_FILE
 from keras_transformer.layers.normalization import LAYER_NORM_EPSILON
 from keras_transformer.model import Transformer
 from keras_transformer.search_rules import kept_source_tokens
-from keras_transformer.text_io import errno_of, file_sha256, write_error
+from keras_transformer.text_io import (errno_of, file_sha256, partial_path,
+                                       remove_dead_partials, rename_new, write_error)
 from keras_transformer.tokenizers import SentencePieceTokenizer, Tokenizer
 
 QUANTIZATIONS = ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES  # float32, int8, bfloat16, ...
@@ -60,9 +62,12 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
     """Writes `model` as a CTranslate2 model folder at `output_dir` (which must not exist).
 
     The folder holds CTranslate2's files, the SentencePiece model and `keras_transformer.json`
-    (the decoding settings, the source markers, `quantization`, the SHA-256 of `model.bin` that
-    `CTranslate2Translator` checks before loading it, and `provenance` merged in). It is
-    written to a hidden sibling folder and renamed at the end, so it is never seen half-written.
+    (the decoding settings, the source markers, `quantization`, the SHA-256 of `model.bin` and
+    of the vocabulary files, SentencePiece's and CTranslate2's, that `CTranslate2Translator`
+    checks before loading them, and `provenance` merged in). It is
+    written to a hidden sibling folder (`text_io.partial_path`) and renamed at the end, so it is
+    never seen half-written; what an export killed with -9 left beside it is removed first
+    (`text_io.remove_dead_partials`).
 
     Args:
         model: a trained `Transformer`.
@@ -85,26 +90,30 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
         raise ConfigError(f"quantization={quantization!r} is not one of "
                           f"{', '.join(map(repr, QUANTIZATIONS))}")
     settings = export_settings(model, decode_config, quantization, max_source_length)
-    clashes = sorted((set(settings) | {MODEL_CHECKSUM}) & set(provenance or {}))
+    clashes = sorted((set(settings) | {MODEL_CHECKSUM, VOCABULARY_CHECKSUMS})
+                     & set(provenance or {}))
     if clashes:
         raise ConfigError(f"provenance keys {clashes} would overwrite the export's settings")
 
     output_dir = Path(output_dir)
     if output_dir.exists():
         raise FileExistsError(f"{output_dir} already exists: choose another folder")
-    partial = output_dir.with_name(f".{output_dir.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    remove_dead_partials(output_dir.parent)
+    partial = partial_path(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     try:
         converter = KerasTransformerConverter(model, _vocabulary(sentencepiece_path),
                                               alignment_layer=decode_config.alignment_layer)
         converter.convert(str(partial), quantization=quantization, force=True)
         shutil.copyfile(sentencepiece_path, partial / SENTENCEPIECE_FILE)
-        # What the runtime checks before loading: CTranslate2 loads damaged weights silently.
+        # What the runtime checks before loading: CTranslate2 loads damaged weights silently,
+        # and another vocabulary of the same size turns every translation into other words.
         settings[MODEL_CHECKSUM] = file_sha256(partial / MODEL_FILE)
+        settings[VOCABULARY_CHECKSUMS] = {path.name: file_sha256(path) for path in sorted(
+            [partial / SENTENCEPIECE_FILE, *partial.glob("*vocabulary*")])}
         (partial / SETTINGS_FILE).write_text(
             json.dumps({**settings, **(provenance or {})}, indent=2) + "\n")
-        os.replace(partial, output_dir)
+        rename_new(partial, output_dir, "choose a new --output")
     except BaseException as error:
         shutil.rmtree(partial, ignore_errors=True)
         if isinstance(error, OSError) and errno_of(error):  # a full disk: one line

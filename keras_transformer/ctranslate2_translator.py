@@ -23,6 +23,7 @@ finishes, which are re-ranked here, and the exact early stopping bound
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -31,10 +32,11 @@ import ctranslate2
 import numpy as np
 import sentencepiece
 
-from keras_transformer.config import PROVENANCE_FILE, ConfigError, DecodeConfig
+from keras_transformer.config import (PROVENANCE_FILE, VOCABULARY_CHECKSUMS, ConfigError,
+                                      DecodeConfig)
 from keras_transformer.search_rules import (NEG_INF, cannot_improve, finished_to_stop,
                                             kept_source_tokens, length_penalty, output_cap)
-from keras_transformer.text_io import file_sha256, first_line
+from keras_transformer.text_io import changed_file, file_sha256, first_line
 from keras_transformer.text_normalization import normalize
 from keras_transformer.word_alignment import hard_alignment, word_attention, word_indices
 
@@ -101,6 +103,14 @@ class CTranslate2Translator:
         # A damaged folder fails in json, sentencepiece or CTranslate2, each with its own error.
         try:
             self.settings = json.loads(settings_path.read_text(encoding="utf-8"))
+            vocabulary = self.settings.get(VOCABULARY_CHECKSUMS, {})  # exports before: none
+            changed = changed_file(self.model_dir, vocabulary)
+            if changed is not None and not (self.model_dir / changed).is_file():
+                raise ValueError(f"no {changed}")
+            if changed is not None:
+                raise ValueError(f"{changed} differs from the SHA-256 recorded in {SETTINGS_FILE} "
+                                 "when it was exported (not the vocabulary the model was "
+                                 "trained with); export the run again")
             self.processor = sentencepiece.SentencePieceProcessor(
                 model_file=str(self.model_dir / self.settings["sentencepiece_model"]))
             # the reserved ids (PAD 0, START 1, END 2 in every model `tokenizers` trains)
@@ -185,8 +195,9 @@ class CTranslate2Translator:
             raise ConfigError(f"top_k={top_k!r} must be an integer >= 0 (0: every token)")
         if not 0 < options["sampling_topp"] <= 1:
             raise ConfigError(f"top_p={options['sampling_topp']!r} must be in (0, 1]")
-        if not options["sampling_temperature"] > 0:
-            raise ConfigError(f"temperature={options['sampling_temperature']!r} must be > 0")
+        temperature = options["sampling_temperature"]
+        if not (temperature > 0 and math.isfinite(temperature)):
+            raise ConfigError(f"temperature={temperature!r} must be a finite number > 0")
         ctranslate2.set_random_seed(int(seed))
         drawn = self._translate(batch, lambda sources, cap: self._sample(sources, cap, **options),
                                 not_decoded=([], np.zeros(0)))

@@ -23,16 +23,19 @@ import tensorflow as tf
 
 from keras_transformer.config import (CTRANSLATE2_FORMAT, END_ID, EXPORT_FORMATS, PAD_ID,
                                       PROVENANCE_FILE, SAVEDMODEL_FORMAT, START_ID, UNK_ID,
-                                      ConfigError)
+                                      VOCABULARY_CHECKSUMS, ConfigError)
 from keras_transformer.fine_tuning import read_record
-from keras_transformer.runs import Run, check_writable_folder
-from keras_transformer.text_io import errno_of, file_sha256, first_line, write_error
+from keras_transformer.runs import Run, check_writable_folder, process_lock
+from keras_transformer.text_io import (changed_file, errno_of, file_sha256, first_line,
+                                       partial_path, remove_dead_partials, rename_new,
+                                       write_error)
 from keras_transformer.text_normalization import NORMALIZATION
 from keras_transformer.tokenizers import without_sentencepiece_info
 from keras_transformer.translator import (SIGNATURES, Translator, signature_arguments,
                                           signature_inputs, translator_from_run)
 
 WARMUP_FILE = "tf_serving_warmup_requests"  # in assets.extra/, replayed by TF Serving on load
+EXPORT_LOCK = ".export.lock"  # in a model folder, held by the export writing a version there
 WARMUP_SENTENCES = ("Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "")
 # The functions every export has had (later ones, such as translate_sampling, are newer).
 LOADER_FUNCTIONS = ("translate_greedy", "translate_beam", "translate_nbest")
@@ -124,9 +127,13 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
     assets, and, when `tensorflow_serving_api` is importable and `warmup_sentences` is not None,
     a TF Serving warmup file (one request per signature), and `assets.extra/keras_transformer.json`:
     `provenance(translator)` updated with `provenance` (what `keras-transformer info --model`
-    prints). It is written to a hidden sibling folder
-    and renamed at the end, so that TF Serving, which watches the parent folder, never sees a
-    half-written version; a write that fails (a full disk: a one-line OSError) removes it. The weights are exported frozen (`Translator(frozen_weights=True)`):
+    prints) and the SHA-256 of each vocabulary file in `assets/` (`VOCABULARY_CHECKSUMS`,
+    which `load_translator` checks). It is written to a hidden sibling folder
+    (`text_io.partial_path`, with the process id) and renamed at the end, so that TF Serving,
+    which watches the parent folder, never sees a half-written version; a write that fails (a
+    full disk: a one-line OSError) removes it, and what an export killed with -9 left there is
+    removed first (`text_io.remove_dead_partials`). The weights are exported frozen
+    (`Translator(frozen_weights=True)`):
     in the layout the decoding reads, prepared once here rather than at every request, and
     without a compiled model's optimizer state. With `batching`, concurrent calls of a signature
     are decoded together (`RequestBatching`).
@@ -142,8 +149,8 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
                                 translator.target_tokenizer, translator.decode_config,
                                 max_source_length=translator.max_source_length,
                                 frozen_weights=True)
-    partial = export_dir.with_name(f".{export_dir.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    remove_dead_partials(export_dir.parent)
+    partial = partial_path(export_dir)
     module = translator if batching is None else BatchingTranslator(translator, batching)
     record = {**translator_provenance(translator), "format": SAVEDMODEL_FORMAT,
               "request_batching": None if batching is None else dataclasses.asdict(batching),
@@ -153,8 +160,10 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
         tf.saved_model.save(module, str(partial), signatures=module.signatures())
         if warmup_sentences is not None:
             write_warmup_requests(partial, warmup_sentences, model_name=export_dir.parent.name)
+        assets = sorted((partial / "assets").glob("*"))  # the tokenizers' vocabulary files
+        record[VOCABULARY_CHECKSUMS] = {path.name: file_sha256(path) for path in assets}
         write_provenance(partial / "assets.extra", record)
-        os.replace(partial, export_dir)
+        rename_new(partial, export_dir, "choose another version")
     except BaseException as error:
         shutil.rmtree(partial, ignore_errors=True)
         # A full disk or an unwritable folder (TensorFlow says so in an OpError): one line.
@@ -292,14 +301,20 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
         raise ConfigError(f"--quantization {quantization} is for --format ctranslate2; a "
                           "SavedModel keeps the run's float32 weights")
     check_writable_folder(model_root, "export folder")
-    if version is not None and (Path(model_root) / str(version)).exists():
-        raise FileExistsError(f"{Path(model_root) / str(version)} already exists: choose another "
-                              "version")
-    translator = translator_from_run(run_dir, **translator_args)
-    version = next_version(model_root) if version is None else version
-    return export_translator(
-        translator, Path(model_root) / str(version), batching=batching,
-        provenance=run_provenance(run_dir, translator_args.get("weights", "best")))
+    root = Path(model_root)
+    if version is not None and (root / str(version)).exists():
+        raise FileExistsError(f"{root / str(version)} already exists: choose another version")
+    root.mkdir(parents=True, exist_ok=True)
+    # One export into a model folder at a time: a second waits, then takes the next version
+    # (both took the first free one, and one failed when the other's was renamed into place).
+    with process_lock(root / EXPORT_LOCK, lambda holder: (
+            f"{root}: process {holder} is exporting a version there; waiting for it to end"),
+            wait=True, remove=True):
+        translator = translator_from_run(run_dir, **translator_args)
+        version = next_version(root) if version is None else version
+        return export_translator(
+            translator, root / str(version), batching=batching,
+            provenance=run_provenance(run_dir, translator_args.get("weights", "best")))
 
 
 def _export_run_ctranslate2(run_dir, output_dir, quantization, **translator_args) -> Path:
@@ -339,13 +354,17 @@ def load_any(export_dir: str | os.PathLike, **ctranslate2_args):
 
 def load_translator(export_dir: str | os.PathLike):
     """Loads an exported translator (its signatures are `.signatures[name]`, its functions
-    `translate_greedy` etc.); registers the tf-text ops first, as every loader must."""
+    `translate_greedy` etc.); registers the tf-text ops first, as every loader must.
+
+    ConfigError, before loading, if a vocabulary file in `assets/` differs from the SHA-256 its
+    export recorded (`check_vocabulary`); exports made before that record load unchecked."""
     import tensorflow_text  # noqa: F401  (registers the tokenizer ops)
 
     export_dir = Path(export_dir)
     if not (export_dir / "saved_model.pb").is_file():
         raise FileNotFoundError(f"{export_dir} is not a SavedModel (no saved_model.pb): pass a "
                                 "version folder such as saved_models/NAME/1")
+    check_vocabulary(export_dir)
     try:
         with without_sentencepiece_info():
             module = tf.saved_model.load(str(export_dir))
@@ -357,3 +376,30 @@ def load_translator(export_dir: str | os.PathLike):
         raise ConfigError(f"{export_dir}: a SavedModel without {', '.join(missing)}: not an "
                           "export of keras-transformer")
     return module
+
+
+def check_vocabulary(export_dir: str | os.PathLike) -> None:
+    """ConfigError naming the file if a vocabulary file in the SavedModel's `assets/` is
+    missing or differs from the SHA-256 recorded when it was exported. A WordPiece graph reads
+    its vocabulary from there when it loads (another vocabulary of the same size translates
+    into other words); a SentencePiece graph holds a copy of its model, and the file is what
+    anyone else reads as the export's vocabulary. Exports without the record (made before it,
+    or not by this package) are not checked."""
+    export_dir = Path(export_dir)
+    record_file = export_dir / "assets.extra" / PROVENANCE_FILE
+    if not record_file.is_file():
+        return
+    recorded = read_provenance(export_dir).get(VOCABULARY_CHECKSUMS)
+    if recorded is None:
+        return
+    if not (isinstance(recorded, dict) and all(isinstance(v, str) for v in recorded.values())):
+        raise ConfigError(f"{record_file}: {VOCABULARY_CHECKSUMS} is not a mapping of file "
+                          "names to SHA-256s (damaged?)")
+    changed = changed_file(export_dir / "assets", recorded)
+    if changed is not None and not (export_dir / "assets" / changed).is_file():
+        raise ConfigError(f"{export_dir}: no assets/{changed}, a vocabulary file it was exported "
+                          "with (damaged?); export the run again")
+    if changed is not None:
+        raise ConfigError(f"{export_dir / 'assets' / changed} differs from the SHA-256 recorded "
+                          f"in assets.extra/{PROVENANCE_FILE} when it was exported (not the "
+                          "vocabulary the model was trained with); export the run again")

@@ -41,6 +41,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Callable
 
 import h5py
 import numpy as np
@@ -48,9 +49,10 @@ import numpy as np
 from keras_transformer import data as data_lib
 from keras_transformer import legacy_weights
 from keras_transformer.config import (ConfigError, ExperimentConfig, ModelConfig,
-                                     load_yaml_with_bases)
+                                     load_yaml_with_bases, map_paths, read_yaml)
 from keras_transformer.model import Transformer
-from keras_transformer.text_io import errno_of, first_line, write_error
+from keras_transformer.text_io import (PARTIAL_PREFIX, errno_of, first_line, partial_path,
+                                       remove_dead_partials, write_error)
 from keras_transformer.tokenizers import (META_FILE, Tokenizer, build_tokenizers, load_tokenizers,
                                           vocabulary_checksum)
 
@@ -61,7 +63,6 @@ STATE_FILE = "state.json"
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_PATTERN = "epoch_{epoch:03d}.weights.h5"
 WEIGHT_NAMES = ("best", "last")
-PARTIAL_PREFIX = ".partial-"
 LOCK_FILE = ".train.lock"  # held by the training that writes in the folder (`training_lock`)
 # HDF5 attributes of the weight files this package writes.
 MODEL_CONFIG_ATTR = "keras_transformer.model_config"
@@ -180,7 +181,8 @@ class Run:
             if not self.config_path.is_file():
                 raise ConfigError(f"{self.path} is not a training run ({CONFIG_FILE} not found)")
             try:
-                config = ExperimentConfig.from_yaml(self.config_path)
+                config = _with_legacy_paths(ExperimentConfig.from_yaml(self.config_path),
+                                            self.config_path)
             except ConfigError as error:
                 if str(error).startswith(str(self.config_path)):
                     raise
@@ -375,10 +377,11 @@ class Run:
         return 0
 
     def remove_partial_files(self) -> None:
-        """Deletes what a killed process left half-written (`.partial-*` files)."""
+        """Deletes what killed processes left half-written in the run (`.partial-PID-*` files
+        and folders: `text_io.remove_dead_partials`); those of a running one, an `average`
+        writing into the run folder, are kept."""
         for folder in (self.path, self.checkpoint_dir):
-            for path in folder.glob(f"{PARTIAL_PREFIX}*"):
-                path.unlink(missing_ok=True)
+            remove_dead_partials(folder)
 
     def average(self, last: int, output: str | os.PathLike | None = None, *,
                 upper_bound: int | None = None) -> Path:
@@ -420,6 +423,7 @@ class Run:
             total = weights if total is None else [t + w for t, w in zip(total, weights)]
         model.set_weights([(t / last).astype(w.dtype) for t, w in zip(total, model.get_weights())])
         output.parent.mkdir(parents=True, exist_ok=True)
+        remove_dead_partials(output.parent)  # what an average killed with -9 left
         save_weights(model, output, vocabulary=self.vocabulary_checksum())
         return output
 
@@ -429,7 +433,7 @@ class Run:
 @contextlib.contextmanager
 def training_lock(path: str | os.PathLike):
     """Holds an exclusive lock on the run folder `path` (an existing folder) while a training
-    writes in it: `flock` on `path/.train.lock`, which holds the process id.
+    writes in it: `process_lock` on `path/.train.lock`.
 
     A second training in the folder is refused (ConfigError) in one line naming the first
     one's process. The kernel releases the lock when that process ends, by kill -9 too, so a
@@ -442,21 +446,69 @@ def training_lock(path: str | os.PathLike):
     except (ValueError, AttributeError):
         task = {}
     name = f".train-{task.get('type')}-{task.get('index')}.lock" if task else LOCK_FILE
-    try:
-        fd = os.open(path / name, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as error:
-        raise write_error(path / name, error) from None
+    with process_lock(path / name, lambda holder: (
+            f"{path} is in use by another training (process {holder}): wait for it to end, "
+            "or choose another --output")):
+        yield
+
+
+@contextlib.contextmanager
+def process_lock(lock_file: str | os.PathLike, busy: Callable[[str], str], *,
+                 wait: bool = False, remove: bool = False):
+    """Holds an exclusive lock on `lock_file` (created if need be) while the block runs: the
+    kernel's `flock`, which it releases when the process ends, by kill -9 too, so that nothing
+    is left to clean up. The file holds the holder's process id, for the others to name.
+
+    If another holds it (a process, or another open of the file in this one): ConfigError
+    `busy(its process id)`, at once; or with `wait`, `busy(its process id)` logged as a warning,
+    and the lock waited for. With `remove`, the holder deletes the file as it lets go (one who
+    then locks the deleted file notices, and locks the new one). A lock file that cannot be
+    created is a one-line OSError naming it; one whose process id cannot be written (a full
+    disk) still locks.
+
+    What `training_lock` (the run folder), `bulk_translation.translate_file` (an output file)
+    and `export.export_run` (a model folder's versions) hold.
+    """
+    lock_file = Path(lock_file)
+    fd = _lock_descriptor(lock_file, busy, wait)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            raise ConfigError(f"{path} is in use by another training (process {holder}): wait "
-                              "for it to end, or choose another --output") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        except OSError:  # a full disk: the others name the holder "unknown"
+            pass
         yield
     finally:
+        if remove:
+            lock_file.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _lock_descriptor(lock_file: Path, busy: Callable[[str], str], wait: bool) -> int:
+    """An open descriptor of `lock_file` whose `flock` this process holds (`process_lock`)."""
+    while True:
+        try:
+            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise write_error(lock_file, error) from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+                if not wait:
+                    raise ConfigError(busy(holder)) from None
+                logger.warning("%s", busy(holder))
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            try:  # still the file at `lock_file`, not one its holder deleted meanwhile
+                locked = os.path.samestat(os.fstat(fd), os.stat(lock_file))
+            except FileNotFoundError:
+                locked = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if locked:
+            return fd
         os.close(fd)
 
 
@@ -465,9 +517,9 @@ def atomic_path(path: str | os.PathLike):
     """Yields a temporary name beside `path` to write to; renames it to `path` when the block
     ends without an error (after syncing it to disk), deletes it otherwise. The name keeps
     `path`'s suffix (Keras wants `.weights.h5`) and holds the process id (workers of one run
-    may write the same file)."""
+    may write the same file): `text_io.partial_path`."""
     path = Path(path)
-    partial = path.with_name(f"{PARTIAL_PREFIX}{os.getpid()}-{path.name}")
+    partial = partial_path(path)
     try:
         yield partial
         with open(partial, "rb+") as f:
@@ -750,11 +802,33 @@ def _as_trained(config: ExperimentConfig, path: Path) -> ExperimentConfig:
     return config
 
 
+def _with_legacy_paths(config: ExperimentConfig, path: Path) -> ExperimentConfig:
+    """A run's saved config with the paths that runs saved before paths were read relative to
+    the config file gave relative to the working directory, read from there: where one is not
+    found beside the file but is from the working directory (with a warning, once)."""
+    given = {}
+    map_paths(read_yaml(path) or {}, lambda name, value: given.setdefault(name, value))
+
+    def legacy(name: str, value: str) -> str:
+        old = given.get(name)
+        if old is None or old == value or os.path.exists(value) or not os.path.exists(old):
+            return value
+        _warn_once("%s: %s %s is read from the working directory, as runs saved before paths "
+                   "were read relative to the config file gave it; write it relative to the "
+                   "file, or absolute", path, name, old)
+        return old
+
+    values = map_paths(config.to_dict(), legacy)
+    return config if values == config.to_dict() else ExperimentConfig.from_dict(values)
+
+
 def _comparable(config: ExperimentConfig) -> dict:
     """The config without what training fills in (vocabulary sizes), may extend (epochs),
     only changes what TensorBoard shows (log_every_steps, profile_batches) or says where the
-    same data is cached (tfds_data_dir: a machine's folder, not the data)."""
-    values = config.to_dict()
+    same data is cached (tfds_data_dir: a machine's folder, not the data); paths by the file or
+    folder they name (a run's config.yaml gives them relative to itself)."""
+    values = map_paths(config.to_dict(),
+                       lambda name, value: os.path.realpath(os.path.expanduser(value)))
     for key in ("source_vocab_size", "target_vocab_size"):
         values["model"].pop(key)
     values["train"].pop("epochs")

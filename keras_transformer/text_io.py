@@ -15,6 +15,7 @@ import hashlib
 import io
 import os
 import re
+import shutil
 import sys
 import warnings
 import zlib
@@ -146,16 +147,18 @@ def one_line(text: str) -> str:
 
 def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> None:
     """Writes exactly one line per item (`one_line`), UTF-8, whole or not at all: a regular
-    file is written through a temporary file beside it and renamed, so that a full disk or an
-    unwritable folder (an OSError naming `path`, `write_error`) leaves no partial file and
-    `path` as it was. Anything else (`/dev/stdout`, a pipe) is written directly."""
+    file is written through a temporary file beside it (`partial_path`) and renamed, so that a
+    full disk or an unwritable folder (an OSError naming `path`, `write_error`) leaves no
+    partial file and `path` as it was; what killed writers left is removed first
+    (`remove_dead_partials`). Anything else (`/dev/stdout`, a pipe) is written directly."""
     path = Path(path)
     if path.exists() and not path.is_file():
         with io.open(path, "w", encoding="utf-8", newline="\n") as f:
             for line in lines:
                 f.write(one_line(line) + "\n")
         return
-    partial = path.with_name(f".partial-{os.getpid()}-{path.name}")
+    remove_dead_partials(path.parent)
+    partial = partial_path(path)
     try:
         with io.open(partial, "w", encoding="utf-8", newline="\n") as f:
             for line in lines:
@@ -165,6 +168,65 @@ def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> None:
         raise write_error(path, error) from None
     finally:
         partial.unlink(missing_ok=True)
+
+
+# What every write that must be whole or absent goes through: a temporary sibling of the file
+# or folder, renamed into place at the end.
+PARTIAL_PREFIX = ".partial-"
+_PARTIAL_NAME = re.compile(r"\.partial-(\d+)-.+")
+
+
+def partial_path(path: str | os.PathLike) -> Path:
+    """The temporary name beside `path` that writing it goes through: `.partial-PID-NAME`,
+    hidden, with this process's id, so that two processes writing `path` never share one (the
+    workers of a run, two exports) and `remove_dead_partials` can tell a killed writer's."""
+    path = Path(path)
+    return path.with_name(f"{PARTIAL_PREFIX}{os.getpid()}-{path.name}")
+
+
+def remove_dead_partials(folder: str | os.PathLike) -> list[Path]:
+    """Deletes the `.partial-PID-NAME` files and folders (`partial_path`) in `folder` whose
+    process is no longer running on this machine: what a writer killed with -9 left. Those of
+    a running process (another command writing there now) are kept. Returns what was
+    deleted."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for entry in sorted(folder.iterdir()):
+        found = _PARTIAL_NAME.fullmatch(entry.name)
+        if found is None or _running(int(found.group(1))):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether a process `pid` runs on this machine (another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def rename_new(partial: str | os.PathLike, target: str | os.PathLike, advice: str) -> None:
+    """Renames the written folder `partial` to `target`, which did not exist when the writing
+    began: FileExistsError naming `target`, with `advice`, if another process made it
+    meanwhile (the rename fails with "Directory not empty")."""
+    try:
+        os.rename(partial, target)
+    except OSError as error:
+        if error.errno in (errno.ENOTEMPTY, errno.EEXIST) or Path(target).exists():
+            raise FileExistsError(f"{target} already exists (another process wrote it while "
+                                  f"this one did): {advice}") from None
+        raise
 
 
 def write_error(path: str | os.PathLike, error: BaseException) -> OSError:
@@ -206,3 +268,13 @@ def file_sha256(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def changed_file(folder: str | os.PathLike, recorded: Mapping[str, str]) -> str | None:
+    """The first name of `recorded` ({file name: SHA-256 in hex}) whose file in `folder` is
+    missing or holds other bytes, or None if every one is as recorded."""
+    for name, digest in recorded.items():
+        path = Path(folder) / name
+        if not path.is_file() or file_sha256(path) != digest:
+            return name
+    return None

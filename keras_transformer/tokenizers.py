@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import BinaryIO, Iterable, Sequence
 
 import sentencepiece
 import tensorflow as tf
@@ -51,7 +52,7 @@ from keras_transformer.config import (  # noqa: F401 (the reserved ids, re-expor
     ConfigError,
     DataConfig,
 )
-from keras_transformer.text_io import errno_of, write_error
+from keras_transformer.text_io import errno_of, partial_path, remove_dead_partials, write_error
 from keras_transformer.text_normalization import INVISIBLE_PATTERN, WHITESPACE_PATTERN
 from keras_transformer.word_alignment import WORD_BOUNDARY
 
@@ -325,11 +326,16 @@ def train_sentencepiece(sentences: Iterable[str], model_path: str | Path, vocab_
     Identity normalization, kept whitespace and byte fallback make the round trip exact (no
     NFKC rewriting, unseen characters become byte pieces instead of UNK). `vocab_size` is a soft
     limit: a small corpus may give fewer pieces. At most `max_sentences` (a random sample) are used.
+
+    SentencePiece hands the model back as bytes, which Python writes: its own file writing
+    says nothing when the disk fills during the model (a cut model file was left) and raises a
+    RuntimeError without the errno during the `.vocab` copy, where Python's OSError keeps it.
     """
     model_path = Path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
+    model = io.BytesIO()
     try:
-        _train_sentencepiece(sentences, model_path, vocab_size, max_sentences, symbols)
+        _train_sentencepiece(sentences, model, vocab_size, max_sentences, symbols)
     except RuntimeError as error:
         if "Vocabulary size is smaller than required_chars" not in str(error):
             raise
@@ -337,19 +343,17 @@ def train_sentencepiece(sentences: Iterable[str], model_path: str | Path, vocab_
         raise ConfigError(f"data.vocab_size={vocab_size} is too small for the characters of the "
                           f"training text (they alone take {needed[2] if needed else 'more'} "
                           "pieces); raise data.vocab_size") from error
-    written = model_path.with_suffix(".model")
-    if written != model_path:
-        written.rename(model_path)
-    model_path.with_suffix(".vocab").unlink(missing_ok=True)  # a human-readable copy we do not use
+    model_path.write_bytes(model.getvalue())
     return model_path
 
 
-def _train_sentencepiece(sentences, model_path: Path, vocab_size: int, max_sentences: int,
-                         symbols: Sequence[str] = ()):
+def _train_sentencepiece(sentences, model_writer: BinaryIO, vocab_size: int,
+                         max_sentences: int, symbols: Sequence[str] = ()):
+    """Trains the model and writes its bytes to `model_writer` (no file is written)."""
     sentencepiece.SentencePieceTrainer.train(
         user_defined_symbols=list(symbols),
         sentence_iterator=iter(sentences),
-        model_prefix=str(model_path.with_suffix("")),
+        model_writer=model_writer,
         model_type="unigram",
         vocab_size=vocab_size,
         hard_vocab_limit=False,
@@ -414,14 +418,16 @@ def build_tokenizers(data_config: DataConfig, train_pairs: tf.data.Dataset,
     SentencePiece: one joint model from both sides (the two returned tokenizers are the same
     object). WordPiece: one vocabulary per language. Pass training pairs only, never test pairs.
 
-    The files are written into a hidden sibling folder and moved into `vocab_dir` at the end: a
-    failure (a vocabulary size the data cannot give, a full disk: a one-line OSError) leaves no
-    file and no folder that was not there before.
+    The files are written into a hidden sibling folder (`text_io.partial_path`) and moved into
+    `vocab_dir` at the end: a failure (a vocabulary size the data cannot give, a full disk: a
+    one-line OSError) leaves no file and no folder that was not there before, and what a
+    build killed with -9 left beside it is removed first (`text_io.remove_dead_partials`).
     """
     settings = _settings(data_config)
     vocab_dir = Path(vocab_dir)
     created = [folder for folder in (vocab_dir, *vocab_dir.parents) if not folder.exists()]
-    partial = vocab_dir.with_name(f".{vocab_dir.name}.partial-{os.getpid()}")
+    remove_dead_partials(vocab_dir.parent)
+    partial = partial_path(vocab_dir)
     try:
         partial.mkdir(parents=True)
         if data_config.tokenizer == "sentencepiece":

@@ -9,6 +9,7 @@ with exact logits."""
 import gzip
 import io
 import json
+import os
 import sys
 
 import pytest
@@ -138,6 +139,36 @@ def test_a_killed_job_resumes_at_its_first_untranslated_line(random_run, corpus,
     assert result == {"lines": len(LINES), "resumed_at": 8}
     assert output.read_text(encoding="utf-8").splitlines() == sampled_stdout
     assert progress[0] == (8, len(LINES)) and progress[-1] == (len(LINES), len(LINES))
+
+
+def test_a_second_job_into_the_same_output_is_refused_naming_the_first(
+        random_run, corpus, tmp_path, monkeypatch, capsys, sampled_stdout):
+    """Two jobs writing one output at once both ended well, their lines interleaved: the
+    second `translate --output`, started while the first translates its second chunk, is
+    refused in one line naming the file and the first one's process; the first ends whole,
+    its lock gone."""
+    from keras_transformer.translator import translator_from_run
+
+    translator = translator_from_run(random_run)
+    output = tmp_path / "out.en"
+    second = []
+
+    def translate(batch, seeds):
+        if int(seeds[0]) == 5 + 4 and not second:  # the first line of the second chunk
+            second.append(run_cli(monkeypatch, capsys, sampling_argv(
+                random_run, "--source", str(corpus), "--output", str(output))))
+        return translator.translate_sampling(batch, seeds)
+
+    translate_file(translate, corpus, output, settings={"model": "tiny"}, seed=5, batch_size=1,
+                   chunk_size=4)
+    [(code, out, err)] = second
+    assert (code, out) == (2, "")
+    assert error_line(err) == (
+        f"keras-transformer translate: error: --output {output} is being written by another "
+        f"translation job (process {os.getpid()}): wait for it to end, or choose another "
+        "--output")
+    assert output.read_text(encoding="utf-8").splitlines() == sampled_stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.en"]
 
 
 def test_a_resumed_job_must_have_the_same_settings(random_run, corpus, tmp_path):
@@ -317,6 +348,28 @@ def test_translate_with_a_prefix_file(random_run, random_export, tmp_path, monke
                                                  "--prefix", str(tmp_path / "prefix")],
                            stdin[:20])
     assert code == 2 and "has 4 lines, the input 1" in error_line(err)
+
+
+@pytest.mark.parametrize("export", ["random_export", "random_ct2_export"])
+def test_an_exports_beam_size_holds_for_nbest_and_prefix_too(export, tmp_path, request,
+                                                             monkeypatch, capsys):
+    """An export's beam size is fixed when it is made: `--beam 3` with an export of beam 2 is
+    refused for --nbest and --prefix as for plain translation (--nbest 2 --beam 3 gave the
+    export's beam-2 hypotheses without a word); its own beam size is accepted."""
+    model = request.getfixturevalue(export)
+    capsys.readouterr()  # what making the fixture printed
+    (tmp_path / "prefix").write_text("A\nZwei\n", encoding="utf-8")
+    stdin = "".join(line + "\n" for line in LINES[:2]).encode()
+    refusal = (f"keras-transformer translate: error: --beam 3: {model} was exported with beam "
+               "size 2; export again with --beam 3, or use --run")
+    for mode in (["--nbest", "2"], ["--prefix", str(tmp_path / "prefix")], []):
+        code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(model),
+                                                       "--quiet", "--beam", "3", *mode], stdin)
+        assert (code, out, err.strip()) == (2, "", refusal), mode
+        code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(model),
+                                                       "--quiet", "--beam", "2", *mode], stdin)
+        assert code == 0 and out, err
+    assert len(out.splitlines()) == 2
 
 
 @pytest.fixture(scope="module")

@@ -90,6 +90,31 @@ def test_build_vocab_then_data_stats(tmp_path, multi30k_dir, capsys):
     assert "files de->en" in report and "400" in report and "padding" in report
 
 
+def test_a_build_vocab_killed_while_it_writes_leaves_a_folder_the_next_one_removes(
+        tmp_path, multi30k_dir, capsys):
+    """kill -9 while `build-vocab` trains: its hidden `.partial-PID-vocab/` stays (no vocabulary
+    appears), and the next build-vocab, which left it there before, removes it."""
+    import signal
+    import time
+
+    config = tmp_path / "exp.yaml"
+    config.write_text(f"data: {{dataset: files, data_dir: {multi30k_dir}, vocab_size: 600, "
+                      "vocab_sample_sentences: 2000}\n")
+    argv = ["build-vocab", "--config", str(config), "--output", str(tmp_path / "vocab")]
+    process = subprocess.Popen([sys.executable, "-m", "keras_transformer.cli", *argv],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    partial, deadline = tmp_path / f".partial-{process.pid}-vocab", time.time() + 300
+    while not partial.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert partial.is_dir(), "build-vocab ended (or never began writing) before the kill"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [partial.name, "exp.yaml"]
+    assert cli.main(argv) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml", "vocab"]
+
+
 # ----------------------------------------------------------------------------- translate, evaluate
 
 def run_cli(monkeypatch, capsys, argv, stdin: bytes = b""):
@@ -232,7 +257,16 @@ def test_argument_mistakes_are_refused_before_any_work(random_export, random_run
             (["export", "--run", str(random_run), "--output", str(tmp_path / "m"), "--alpha",
               "inf"], "argument --alpha: inf: every alpha must be a finite number >= 0"),
             (["tune-search", "--run", str(random_run), "--source", str(source), "--reference",
-              str(reference), "--beam", "x"], "argument --beam: 'x' is not an integer")):
+              str(reference), "--beam", "x"], "argument --beam: 'x' is not an integer"),
+            # each sampling flag's message states the rule it enforces, whatever the value
+            *[(["translate", *model, "--sampling", "--sampling-temperature", value],
+               f"argument --sampling-temperature: {value}: must be a finite number > 0\n")
+              for value in ("-1", "0", "nan", "inf")],
+            *[(["translate", *model, "--sampling", "--sampling-topp", value],
+               f"argument --sampling-topp: {value}: must be a number in (0, 1]\n")
+              for value in ("-1", "0", "nan", "1.5")],
+            (["translate", *model, "--sampling", "--sampling-topp", "0.5,1"],
+             "argument --sampling-topp: '0.5,1' is not a number\n")):
         with pytest.raises(SystemExit) as exit_info:
             cli.main(argv)
         err = capsys.readouterr().err

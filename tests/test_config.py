@@ -2,6 +2,7 @@
 files that extend a `base:` file."""
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -108,6 +109,65 @@ def test_bases_chain_and_the_nearest_file_wins(tmp_path):
     path.write_text("base: a/middle.yaml\ntrain: {epochs: 3}\n")
     train = ExperimentConfig.from_yaml(path).train
     assert (train.epochs, train.warmup_steps, train.label_smoothing) == (3, 200, 0.2)
+
+
+def test_every_path_in_a_config_file_is_relative_to_that_file(tmp_path, monkeypatch):
+    """The probe: `model.preset: ../x.yaml` was read from the working directory while `base:`
+    beside it was read relative to the file. Now every path is relative to the file that gives
+    it (a base's to the base), wherever the command runs; absolute and `~` paths are as they
+    are, and `--set` overrides, which are in no file, are relative to the working
+    directory."""
+    (tmp_path / "presets").mkdir()
+    (tmp_path / "presets" / "small.yaml").write_text(
+        "num_layers: 3\nd_model: 64\nnum_heads: 4\ndff: 128\n")
+    (tmp_path / "exp" / "sub").mkdir(parents=True)
+    (tmp_path / "exp" / "recipe.yaml").write_text(
+        "data: {data_dir: data, tfds_data_dir: ~/tfds}\ntrain: {init_from: ../runs/parent}\n")
+    path = tmp_path / "exp" / "sub" / "x.yaml"
+    path.write_text(
+        "base: ../recipe.yaml\nmodel: {preset: ../../presets/small.yaml}\n"
+        "data:\n  vocab_dir: ../../vocab\n  corpora:\n"
+        "    - {dataset: file_pair, source_file: bt.de, target_file: /abs/bt.en}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config = ExperimentConfig.from_yaml(path)
+    assert (config.model.num_layers, config.model.d_model) == (3, 64)
+
+    def where(value):
+        return Path(value).resolve()
+
+    assert where(config.data.vocab_dir) == tmp_path / "vocab"
+    assert where(config.data.data_dir) == tmp_path / "exp" / "data"  # beside the base
+    assert where(config.train.init_from) == tmp_path / "runs" / "parent"
+    corpus = config.data.corpora[0]
+    assert where(corpus.source_file) == tmp_path / "exp" / "sub" / "bt.de"
+    assert (corpus.target_file, config.data.tfds_data_dir) == ("/abs/bt.en", "~/tfds")
+    overridden = ExperimentConfig.from_yaml(path, ["data.vocab_dir=v", "model.preset=tiny"])
+    assert overridden.data.vocab_dir == "v" and overridden.model.d_model == 32
+    with pytest.raises(ConfigError, match=r"unknown model preset '.*/exp/sub/nope.yaml' \("):
+        ExperimentConfig.from_yaml(path, ["model.preset=../exp/sub/nope.yaml"])
+
+
+def test_a_written_config_reads_back_the_same_paths_from_anywhere(tmp_path, monkeypatch):
+    """`to_yaml` writes paths inside the file's folder relative to it (they move with the
+    folder) and the others absolute: read from another working directory, or after the folder
+    is moved, it names the same files."""
+    monkeypatch.chdir(tmp_path)
+    config = ExperimentConfig.from_yaml(REPO_ROOT / "experiments" / "demo.yaml", [
+        "data.vocab_dir=runs/one/vocab", "data.data_dir=data", "train.init_from=/abs/run"])
+    (tmp_path / "runs" / "one").mkdir(parents=True)
+    config.to_yaml(tmp_path / "runs" / "one" / "config.yaml")
+    written = yaml.safe_load((tmp_path / "runs" / "one" / "config.yaml").read_text())
+    assert written["data"]["vocab_dir"] == "vocab"
+    assert written["data"]["data_dir"] == str(tmp_path / "data")
+    assert written["train"]["init_from"] == "/abs/run"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    (tmp_path / "runs" / "one").rename(tmp_path / "runs" / "two")
+    moved = ExperimentConfig.from_yaml(tmp_path / "runs" / "two" / "config.yaml")
+    assert Path(moved.data.vocab_dir) == tmp_path / "runs" / "two" / "vocab"
+    assert Path(moved.data.data_dir) == tmp_path / "data"
 
 
 def test_missing_base_names_both_files(tmp_path):
@@ -305,9 +365,18 @@ def test_the_range_limits_themselves_are_accepted():
 
 @pytest.mark.parametrize("override, message", [
     ("train.learning_rate_scale=-1", "train.learning_rate_scale=-1.0 must be positive"),
-    ("train.learning_rate_scale=.nan", "train.learning_rate_scale=nan must be a finite number"),
+    # A non-finite number meets the field's own rule first, stated as that rule; what the rule
+    # lets pass (inf is positive) is refused as not finite.
+    ("train.learning_rate_scale=.nan", "train.learning_rate_scale=nan must be positive"),
     ("train.adam_epsilon=.inf", "train.adam_epsilon=inf must be a finite number"),
-    ("model.dropout=.nan", "model.dropout=nan must be a finite number"),
+    ("model.dropout=.nan", r"model.dropout=nan must be in \[0, 1\)"),
+    ("decode.patience=.inf", "decode.patience=inf must be a finite number"),
+    ("decode.sampling_topp=.nan", r"decode.sampling_topp=nan must be in \(0, 1\]$"),
+    ("decode.sampling_temperature=.nan",
+     "decode.sampling_temperature=nan must be a finite number > 0$"),
+    ("decode.sampling_temperature=0", "decode.sampling_temperature=0.0 must be a finite number > 0$"),
+    ("decode.sampling_temperature=-1",
+     "decode.sampling_temperature=-1.0 must be a finite number > 0$"),
     ("train.epochs=[1", r"override 'train.epochs=\[1': the value is not valid YAML"),
     ("train.epochs={a: 1", "override 'train.epochs={a: 1': the value is not valid YAML"),
 ])

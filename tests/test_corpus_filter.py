@@ -43,12 +43,34 @@ def test_each_pair_is_dropped_under_the_first_rule_it_breaks():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(max_length_ratio=0.5), "max_length_ratio=0.5 must be >= 1"),
+    (dict(max_length_ratio=0.5), "max_length_ratio=0.5 must be a finite number >= 1"),
+    (dict(max_length_ratio=float("nan")), "max_length_ratio=nan must be a finite number >= 1"),
+    (dict(max_length_ratio=float("inf")), "max_length_ratio=inf must be a finite number >= 1"),
     (dict(max_repeat=0), "max_repeat=0 must be >= 1"),
+    (dict(min_score=float("nan")), "min_score=nan must be a finite number"),
+    (dict(min_score=float("-inf")), "min_score=-inf must be a finite number"),
 ])
 def test_impossible_rules_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         FilterRules(**kwargs)
+
+
+@pytest.mark.parametrize("flag", ["--min-score", "--max-length-ratio"])
+def test_a_rule_of_nan_is_refused_on_the_command_line_not_turned_off(corpus, tmp_path, capsys,
+                                                                     flag):
+    """`--min-score nan` kept every pair (no score compares below nan): refused in one line
+    naming the rule, as `--max-length-ratio nan` is, and nothing is written."""
+    source, target, scores = corpus
+    out_source = tmp_path / "kept.en"
+    assert cli.main(["filter", "--source", str(source), "--target", str(target),
+                     "--output-source", str(out_source), "--output-target",
+                     str(tmp_path / "kept.de"), "--scores", str(scores), "--min-score", "-1",
+                     flag, "nan"]) == 2
+    rule = flag[2:].replace("-", "_")
+    assert capsys.readouterr().err.strip() == (
+        f"keras-transformer filter: error: {rule}=nan must be a finite number"
+        + (" >= 1" if rule == "max_length_ratio" else " (a log P / lp)"))
+    assert not out_source.exists()
 
 
 @pytest.fixture
@@ -81,6 +103,8 @@ def test_cli_writes_the_kept_pairs_line_aligned(corpus, tmp_path, capsys):
 @pytest.mark.parametrize("change, message", [
     (lambda c: c[2].write_text("-1.0\t-0.5\t3\n"), "scores has 1 lines but .*bt.en.gz has 5"),
     (lambda c: c[2].write_text("x\n" * 5), r"scores, line 1: 'x' is not a line of `keras-"),
+    (lambda c: c[2].write_text("-1\t-0.5\t3\n" * 2 + "nan\tnan\t3\n" + "-1\t-0.5\t3\n" * 2),
+     r"scores, line 3: the score \(log P / lp\) is nan, not a number$"),
     (lambda c: c[1].write_text("eins\n"), "bt.en.gz has 5 lines but .*bt.de has 1"),
 ])
 def test_bad_input_is_a_one_line_error_and_writes_nothing(corpus, tmp_path, capsys, change,

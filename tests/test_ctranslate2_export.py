@@ -158,8 +158,13 @@ def test_ctranslate2_sampling_stays_in_the_top_k_and_scores_log_p(pre_norm_model
             outside_top_1 += token != np.argmax(logits[position])
         assert score == pytest.approx(sum(log_probs[range(len(ids)), ids]), abs=1e-3)
     assert outside_top_1  # it did sample
-    with pytest.raises(ConfigError, match=r"top_p=0 must be in \(0, 1\]"):
-        ct2.translate_sampling(SENTENCES, 0, top_p=0)
+    for options, message in [(dict(top_p=0), r"top_p=0 must be in \(0, 1\]$"),
+                             (dict(top_p=float("nan")), r"top_p=nan must be in \(0, 1\]$"),
+                             (dict(temperature=0), "temperature=0 must be a finite number > 0$"),
+                             (dict(temperature=float("inf")),
+                              "temperature=inf must be a finite number > 0$")]:
+        with pytest.raises(ConfigError, match=message):
+            ct2.translate_sampling(SENTENCES, 0, **options)
     assert ct2.translate_sampling([])["translation"].shape == (0,)
 
 
@@ -300,9 +305,11 @@ def test_settings_file_and_layout(random_translation_model, tmp_path):
         "alignment_layer": -1,
         "source_start": "<s>", "source_end": "</s>", "sentencepiece_model": "sentencepiece.model",
         "quantization": "float32", "run": "runs/tiny", "weights": "best",
-        "model_bin_sha256": file_sha256(folder / "model.bin")}
+        "model_bin_sha256": file_sha256(folder / "model.bin"),
+        "vocabulary_sha256": {name: file_sha256(folder / name) for name in (
+            "sentencepiece.model", "shared_vocabulary.json")}}
     assert (folder / "sentencepiece.model").is_file() and (folder / "model.bin").is_file()
-    assert not list(tmp_path.glob(".*partial"))
+    assert not list(tmp_path.glob(".partial-*"))
 
     config = json.loads((folder / "config.json").read_text())
     assert config["add_source_bos"] and config["add_source_eos"]
@@ -585,7 +592,8 @@ def test_native_beam_stops_as_the_exports_patience(models, tmp_path):
 
 @pytest.mark.parametrize("damage", ["settings_not_json", "settings_key_missing",
                                     "sentencepiece_missing", "model_truncated",
-                                    "model_bytes_changed"])
+                                    "model_bytes_changed", "sentencepiece.model_swapped",
+                                    "shared_vocabulary.json_swapped"])
 def test_a_damaged_export_is_a_config_error_naming_the_folder(random_translation_model, tmp_path,
                                                               damage):
     model, tokenizer = random_translation_model
@@ -601,6 +609,19 @@ def test_a_damaged_export_is_a_config_error_naming_the_folder(random_translation
         (folder / json.loads(settings.read_text())["sentencepiece_model"]).unlink()
     elif damage == "model_truncated":
         (folder / "model.bin").write_bytes((folder / "model.bin").read_bytes()[:1000])
+    elif damage == "sentencepiece.model_swapped":  # another vocabulary of the same size: two
+        from sentencepiece import sentencepiece_model_pb2  # pieces traded; it loaded silently
+
+        path = folder / "sentencepiece.model"
+        proto = sentencepiece_model_pb2.ModelProto.FromString(path.read_bytes())
+        proto.pieces[10].piece, proto.pieces[11].piece = (proto.pieces[11].piece,
+                                                          proto.pieces[10].piece)
+        path.write_bytes(proto.SerializeToString())
+    elif damage == "shared_vocabulary.json_swapped":
+        path = folder / "shared_vocabulary.json"
+        pieces = json.loads(path.read_text(encoding="utf-8"))
+        pieces[10], pieces[11] = pieces[11], pieces[10]
+        path.write_text(json.dumps(pieces), encoding="utf-8")
     else:  # random bytes in the weights: CTranslate2 itself loads them and translates garbage
         data = bytearray((folder / "model.bin").read_bytes())
         data[len(data) // 2:len(data) // 2 + 64] = np.random.default_rng(0).bytes(64)
@@ -613,6 +634,13 @@ def test_a_damaged_export_is_a_config_error_naming_the_folder(random_translation
         assert str(info.value).endswith(
             f"(model.bin differs from the SHA-256 recorded in {SETTINGS_FILE} when it was "
             "exported; export the run again)")
+    if damage.endswith("_swapped"):
+        assert str(info.value).endswith(
+            f"({damage.removesuffix('_swapped')} differs from the SHA-256 recorded in "
+            f"{SETTINGS_FILE} when it was exported (not the vocabulary the model was trained "
+            "with); export the run again)")
+    if damage == "sentencepiece_missing":
+        assert str(info.value).endswith("(no sentencepiece.model)")
 
 
 def test_every_configurable_activation_converts():

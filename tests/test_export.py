@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import cli
-from keras_transformer.config import DecodeConfig, ExperimentConfig
+from keras_transformer.config import ConfigError, DecodeConfig, ExperimentConfig
 from keras_transformer.decoding import NEG_INF
 from keras_transformer.tokenizers import SERVING_TF_TEXT_OPS
 from keras_transformer.export import WARMUP_FILE, export_translator, load_translator
@@ -404,6 +404,49 @@ def test_cli_names_a_damaged_or_foreign_saved_model(export_dir, tmp_path, damage
     assert expected in err, err
 
 
+def test_an_export_whose_vocabulary_was_swapped_is_refused_by_name(random_export, tmp_path):
+    """The probe: a SavedModel whose assets/sentencepiece.model was swapped for another
+    vocabulary of the same size (here two pieces traded) translated without a word (with the
+    graph's own copy of the model: a WordPiece graph reads its vocabulary from assets/). The
+    export records each vocabulary file's SHA-256, and loading it refuses a swapped one in one
+    line naming the file; an export made before the record loads as before."""
+    import shutil
+
+    from sentencepiece import sentencepiece_model_pb2
+
+    from keras_transformer.text_io import file_sha256
+
+    copy = tmp_path / "1"
+    shutil.copytree(random_export, copy)
+    asset = copy / "assets" / "sentencepiece.model"
+    provenance = copy / "assets.extra" / "keras_transformer.json"
+    record = json.loads(provenance.read_text())
+    assert record["vocabulary_sha256"] == {"sentencepiece.model": file_sha256(asset)}
+    proto = sentencepiece_model_pb2.ModelProto.FromString(asset.read_bytes())
+    proto.pieces[10].piece, proto.pieces[11].piece = (proto.pieces[11].piece,
+                                                      proto.pieces[10].piece)
+    asset.write_bytes(proto.SerializeToString())
+    text = tmp_path / "text"
+    text.write_text("Hallo\n")
+    for command in (["translate", "--quiet"], ["evaluate", "--quiet", "--source", str(text),
+                                               "--reference", str(text)]):
+        code, out, err = run_cli([*command, "--model", str(copy)], "Hallo\n")
+        assert (code, out) == (2, "")
+        assert err.strip() == (
+            f"keras-transformer {command[0]}: error: {asset} differs from the SHA-256 recorded "
+            "in assets.extra/keras_transformer.json when it was exported (not the vocabulary "
+            "the model was trained with); export the run again")
+    asset.unlink()
+    with pytest.raises(ConfigError, match=rf"^{copy}: no assets/sentencepiece.model, a "
+                                          "vocabulary file it was exported with"):
+        load_translator(copy)
+    shutil.copy(random_export / "assets" / "sentencepiece.model", asset)
+    del record["vocabulary_sha256"]  # as exports made before the record
+    provenance.write_text(json.dumps(record))
+    code, out, err = run_cli(["translate", "--quiet", "--model", str(copy)], "Hallo\n")
+    assert code == 0 and len(out.splitlines()) == 1, err
+
+
 def test_cli_export_refuses_quantization_without_ctranslate2(random_run, tmp_path):
     code, _, err = run_cli(["export", "--run", str(random_run), "--output", str(tmp_path / "m"),
                             "--quantization", "int8"])
@@ -668,8 +711,9 @@ def test_an_input_of_another_rank_is_refused_by_name(export_dir):
 
 def test_an_export_killed_while_it_writes_leaves_no_version_and_the_next_completes(random_run,
                                                                                    tmp_path):
-    """SIGKILL while `export` writes its hidden `.1.partial` folder: the model folder, which TF
-    Serving watches, holds no version; the same command then writes version 1 in full."""
+    """SIGKILL while `export` writes its hidden `.partial-PID-1` folder: the model folder, which
+    TF Serving watches, holds no version; the same command then writes version 1 in full and
+    removes the dead process's folder."""
     import os
     import signal
     import time
@@ -680,15 +724,87 @@ def test_an_export_killed_while_it_writes_leaves_no_version_and_the_next_complet
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                env=env)
-    partial, deadline = root / ".1.partial", time.time() + 300
+    partial, deadline = root / f".partial-{process.pid}-1", time.time() + 300
     while not partial.exists() and process.poll() is None and time.time() < deadline:
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert partial.exists(), "the export ended (or never began writing) before the kill"
-    assert [path.name for path in root.iterdir()] == [".1.partial"]
+    # the lock the killed export held: the kernel let it go, its file stays
+    assert sorted(path.name for path in root.iterdir()) == [".export.lock", partial.name]
     again = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     assert sorted(path.name for path in root.iterdir()) == ["1"]
     loaded = load_translator(root / "1")
     assert loaded.translate_greedy(tf.constant(["Ein Hund."]))["translation"].shape == (1,)
+
+
+def test_two_exports_into_one_model_folder_at_once_get_two_versions(random_run, tmp_path,
+                                                                    monkeypatch, caplog):
+    """The probe: two `export --output models/conc` at once both took version 1 and one work
+    folder, which each deleted on start, and one failed with "[Errno 39] Directory not empty".
+    Here a second export starts while the first writes: it waits, naming the first one's
+    process, then writes version 2; both versions load and translate."""
+    import logging
+    import os
+    import threading
+    import time
+
+    from keras_transformer import export
+
+    root = tmp_path / "conc"
+    save, second = tf.saved_model.save, {}
+
+    def export_second():
+        try:
+            second["path"] = export.export_run(random_run, root)
+        except BaseException as error:  # reported by the assertion below
+            second["error"] = error
+
+    thread = threading.Thread(target=export_second)
+    waiting = f"{root}: process {os.getpid()} is exporting a version there; waiting for it to end"
+
+    def first_save(*args, **kwargs):  # part-way through the first export
+        monkeypatch.setattr(tf.saved_model, "save", save)
+        thread.start()
+        deadline = time.time() + 300
+        while waiting not in caplog.text and time.time() < deadline:
+            time.sleep(0.05)
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(tf.saved_model, "save", first_save)
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+        first = export.export_run(random_run, root)
+        thread.join(timeout=600)
+    assert waiting in caplog.text
+    assert (first, second) == (root / "1", {"path": root / "2"})
+    assert sorted(path.name for path in root.iterdir()) == ["1", "2"]
+    for version in (first, second["path"]):
+        loaded = load_translator(version)
+        assert loaded.translate_greedy(tf.constant(["Ein Hund."]))["translation"].shape == (1,)
+
+
+def test_a_ctranslate2_export_whose_folder_another_wrote_meanwhile_is_one_line(
+        random_run, tmp_path, monkeypatch, capsys):
+    """Two CTranslate2 exports into one --output at once: the one that finishes second is
+    refused in one line naming the folder (it failed with "Directory not empty"), and the
+    other's export is left as it was."""
+    pytest.importorskip("ctranslate2")
+    from keras_transformer import ctranslate2_export
+
+    output = tmp_path / "ct2"
+    sha256 = ctranslate2_export.file_sha256
+
+    def other_export_finishes(path):  # while this one writes
+        output.mkdir()
+        (output / "model.bin").write_bytes(b"the other export's")
+        return sha256(path)
+
+    monkeypatch.setattr(ctranslate2_export, "file_sha256", other_export_finishes)
+    assert cli.main(["export", "--run", str(random_run), "--format", "ctranslate2",
+                     "--output", str(output)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"keras-transformer export: error: {output} already exists (another process wrote it "
+        "while this one did): choose a new --output")
+    assert [p.name for p in tmp_path.iterdir()] == ["ct2"]
+    assert (output / "model.bin").read_bytes() == b"the other export's"

@@ -1,7 +1,8 @@
 """A full disk or an unwritable folder meets every command that writes (`train`'s checkpoints,
-`export` in both formats, `average`, `evaluate --output`, `build-vocab`) with one line on stderr
-and exit code 2; nothing half-written is left behind, and what was there before stays as it
-was.
+`export` in both formats, `average`, `evaluate --output`, `build-vocab`, `translate --output`)
+with one line on stderr naming the file and exit code 2; nothing half-written is left behind,
+and what was there before stays as it was, or (`train`, `translate --output`) the job resumes
+where it stopped once there is room.
 
 ENOSPC is injected where the write happens (a test cannot count on mounting a small file
 system); where this machine lets the test mount a 1 MB tmpfs (root in a container that allows
@@ -66,6 +67,16 @@ def small_filesystem(tmp_path):
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     yield folder
     subprocess.run(["umount", str(folder)], check=True)
+
+
+def fill(folder: Path) -> Path:
+    """Writes a file into `folder` until its file system is full; returns the file."""
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        with pytest.raises(OSError, match="No space left on device"):
+            while True:
+                f.write(b"\0" * 4096)
+    return filler
 
 
 # ----------------------------------------------------------------------------- export
@@ -198,6 +209,91 @@ def test_evaluate_output_in_an_unwritable_folder(random_export, tmp_path, capsys
     assert list(read_only_dir.iterdir()) == []
 
 
+# ----------------------------------------------------------------------------- translate --output
+
+TRANSLATE_LINES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "",
+                   "Eine Frau liest ein Buch im Park.", "Hallo", "Ein Hund rennt."]
+
+
+@pytest.fixture
+def translate_job(random_export, tmp_path, capsys):
+    """(argv of `translate --source --output` into `folder`, the output, the translations the
+    export prints for the same lines on stdout): `folder` is a folder of `tmp_path` by
+    default."""
+    source = tmp_path / "in.de"
+    source.write_text("".join(line + "\n" for line in TRANSLATE_LINES), encoding="utf-8")
+    # Sampling, whose draws have words (the random model's greedy translations are empty),
+    # seeded by line; one sentence a batch: a resumed job's batches are not the whole file's.
+    model = ["translate", "--model", str(random_export), "--sampling", "--seed", "5",
+             "--quiet", "--batch-size", "1"]
+    assert cli.main([*model, "--source", str(source)]) == 0
+    expected = capsys.readouterr().out
+    assert len(expected.splitlines()) == len(TRANSLATE_LINES) and expected.strip()
+
+    def job(folder: Path):
+        output = folder / "t.en"
+        return [*model, "--source", str(source), "--output", str(output)], output
+
+    return job, expected
+
+
+def test_translate_output_onto_a_real_full_disk_leaves_nothing_and_runs_once_freed(
+        translate_job, small_filesystem, capsys):
+    """The probe: `t.en` and `t.en.resume.json` were left empty with an error naming no file,
+    and the same command then refused the empty record as damaged."""
+    job, expected = translate_job
+    argv, output = job(small_filesystem)
+    filler = fill(small_filesystem)
+    assert cli.main(argv) == 2
+    assert error_line(capsys, "translate").endswith(f"cannot write {output} {NO_SPACE}")
+    assert sorted(p.name for p in small_filesystem.iterdir()) == ["filler"]
+    filler.unlink()  # room made: the same command runs
+    assert cli.main(argv) == 0
+    assert output.read_text(encoding="utf-8") == expected
+    assert sorted(p.name for p in small_filesystem.iterdir()) == ["t.en"]
+
+
+def test_translate_output_that_fills_the_disk_part_way_resumes_once_there_is_room(
+        translate_job, tmp_path, monkeypatch, capsys):
+    """The disk fills part-way through a chunk (whole lines written, then a cut one): one
+    line naming the output, the lines and the record kept; run again, the job resumes and the
+    file is whole."""
+    from keras_transformer import bulk_translation
+
+    job, expected = translate_job
+    argv, output = job(tmp_path)
+
+    class HalfWritten:
+        def __init__(self, path, mode):
+            self.file = open(path, mode)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def write(self, data):  # the lines before the last with words, and its first byte
+            last = max(i for i in range(len(data)) if data[i] != 10 and data[i - 1:i] in
+                       (b"\n", b""))
+            self.file.write(data[:last + 1])
+            self.file.flush()
+            raise no_space()
+
+    monkeypatch.setattr(bulk_translation, "open", HalfWritten, raising=False)
+    assert cli.main(argv) == 2
+    assert error_line(capsys, "translate").endswith(
+        f"cannot write {output} (No space left on device); the lines translated so far are "
+        "kept: make room, then run the same command again to resume")
+    *whole, cut = output.read_text(encoding="utf-8").split("\n")
+    assert whole == expected.split("\n")[:len(whole)] and whole and cut  # a line cut
+    assert (tmp_path / "t.en.resume.json").is_file()
+    monkeypatch.undo()
+    assert cli.main(argv) == 0
+    assert output.read_text(encoding="utf-8") == expected
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith((".", "t.en."))]
+
+
 # ----------------------------------------------------------------------------- build-vocab
 
 @pytest.mark.parametrize("failure", ["full_disk", "vocab_size_5"])
@@ -221,6 +317,20 @@ def test_build_vocab_that_fails_leaves_no_folder(multi30k_dir, tmp_path, monkeyp
     if failure == "full_disk":
         assert line.endswith(f"cannot write {output} {NO_SPACE}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml"]
+
+
+def test_build_vocab_onto_a_real_full_disk(multi30k_dir, tmp_path, small_filesystem, capsys):
+    """SentencePiece's own writing met the full disk with a traceback ending "RuntimeError:
+    INTERNAL: src/trainer_interface.cc(783) [output->WriteLine(...)]" (its .vocab copy), and
+    cut the model file short without a word: one line naming the folder, nothing left."""
+    config = tmp_path / "exp.yaml"
+    config.write_text(f"data: {{dataset: files, data_dir: {multi30k_dir}, vocab_size: 600, "
+                      "vocab_sample_sentences: 2000}\n")
+    output = small_filesystem / "vocab"
+    fill(small_filesystem)
+    assert cli.main(["build-vocab", "--config", str(config), "--output", str(output)]) == 2
+    assert error_line(capsys, "build-vocab").endswith(f"cannot write {output} {NO_SPACE}")
+    assert sorted(p.name for p in small_filesystem.iterdir()) == ["filler"]
 
 
 # ----------------------------------------------------------------------------- train

@@ -1,11 +1,13 @@
 """README's Python examples run as written, shrunk to a tiny model and a few steps, so that the
 code a newcomer copies cannot drift from the package's API. A replaced phrase that README no
-longer holds fails the test: change the example and this file together."""
+longer holds fails the test: change the example and this file together. The table of
+translation modes says which take a corpus file, as the command line does."""
 
 import re
 
 import pytest
 
+from keras_transformer import cli
 from keras_transformer.config import DATA_ENV, REPO_ROOT
 
 
@@ -96,3 +98,34 @@ def test_the_corpora_config_of_your_own_data_is_a_config():
         ("multi30k", 1.0, None), ("file_pair", 1.0, "<BT>")]
     assert ExperimentConfig.from_yaml(REPO_ROOT / "experiments" / "multi30k_en_de_bt.yaml"
                                       ).data.corpora[1].tag == "<BT>"
+
+
+def test_the_mode_tables_corpus_row_names_the_modes_that_resume(random_run, tmp_path, capsys):
+    """README said every mode ran as a resumable, sharded corpus job, but --nbest, --prefix
+    and --alignments refuse --output: the row names the searches that take `--output`, and
+    those that do not, and each does as it says."""
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines()
+               if line.startswith("| a corpus, resumable, sharded |"))
+    resuming, _, refusing = row.split(" | ")[1].partition("; not ")
+    source = tmp_path / "in.de"
+    source.write_text("Ein Hund.\nZwei Hunde.\n", encoding="utf-8")
+    (tmp_path / "prefix").write_text("A\nTwo\n", encoding="utf-8")
+    modes = {"beam search": [], "`--greedy`": ["--greedy"], "`--sampling`": ["--sampling"],
+             "`--nbest`": ["--nbest", "2"], "`--prefix`": ["--prefix", str(tmp_path / "prefix")],
+             "`--alignments`": ["--alignments"]}
+    assert sorted(name for name in modes if name in resuming) == [
+        "`--greedy`", "`--sampling`", "beam search"]
+    assert sorted(name for name in modes if name in refusing) == [
+        "`--alignments`", "`--nbest`", "`--prefix`"]
+    for index, (name, flags) in enumerate(modes.items()):
+        output = tmp_path / f"out{index}.en"
+        code = cli.main(["translate", "--run", str(random_run), "--quiet", "--source",
+                         str(source), "--output", str(output), "--shard", "0/1", *flags])
+        err = capsys.readouterr().err
+        if name in resuming:
+            assert code == 0 and len(output.read_text().splitlines()) == 2, (name, err)
+        else:
+            assert code == 2 and "writes to standard output" in err, (name, err)
+            assert not output.exists()
+

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -125,6 +126,37 @@ def test_averaged_weights_are_written_whole_with_a_checked_name(run_with_two_epo
     assert run.average(2, nested) == nested and nested.is_file()
     with pytest.raises(ConfigError, match=r"is not a training run \(config.yaml not found\)"):
         Run(tmp_path / "nowhere").average(2)
+
+
+def test_what_killed_writers_left_is_removed_and_a_running_ones_is_kept(run_with_two_epochs):
+    """kill -9 of `average` left `.partial-PID-average_last2.weights.h5` in the run, and no
+    later command removed it: the next average removes what dead processes left, and keeps a
+    running one's (another average writing there now); so does a training's start, folders
+    too."""
+    import signal
+    import subprocess
+
+    run, _ = run_with_two_epochs
+    dead = subprocess.Popen(["sleep", "60"])
+    dead.send_signal(signal.SIGKILL)
+    dead.wait()
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        left = run.path / f".partial-{dead.pid}-average_last2.weights.h5"
+        writing = run.path / f".partial-{alive.pid}-average_last2.weights.h5"
+        for path in (left, writing):
+            path.write_bytes(b"\x89HDF\r\n")  # what a kill cut short
+        run.average(2)
+        assert not left.exists() and writing.exists()
+        vocab = run.path / f".partial-{dead.pid}-vocab"
+        (vocab / "sub").mkdir(parents=True)
+        checkpoint = run.checkpoint_dir / f".partial-{dead.pid}-epoch_003.weights.h5"
+        checkpoint.write_bytes(b"\x89HDF")
+        run.remove_partial_files()
+        assert not vocab.exists() and not checkpoint.exists() and writing.exists()
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 # ----------------------------------------------------------------------------- what weights carry
@@ -430,6 +462,50 @@ def test_weights_trained_with_another_vocabulary_of_the_same_size_are_refused(tm
     with pytest.raises(ConfigError, match=rf"^{trained} was trained with another vocabulary than "
                        rf"{runs_['b'].path / 'vocab'} \(its ids would stand for other pieces\)"):
         runs_["b"].load_model(str(trained))
+
+
+def test_a_runs_config_reads_its_paths_relative_to_itself_and_moves_with_the_folder(
+        run_with_two_epochs, tmp_path, monkeypatch, caplog):
+    """The probe: `vocab_dir: ../../...` written into a run's config.yaml was read from the
+    working directory. Now it is read relative to the file; the paths training writes there
+    (inside the run: relative, elsewhere: absolute) name the same folders from any working
+    directory and after the run folder is renamed or moved, and the same config still resumes
+    it. A run saved before the rule, whose config gave a path relative to the working
+    directory, is read that way where nothing is found beside the file, with a warning."""
+    import shutil
+
+    run, _ = run_with_two_epochs
+    shared = tmp_path / "shared_vocab"
+    shared.mkdir()
+    monkeypatch.chdir(tmp_path)
+    config = dataclasses.replace(run.config, data=dataclasses.replace(
+        run.config.data, vocab_dir=os.path.relpath(shared), data_dir=str(run.path / "data")))
+    run.save_config(config)
+    text = run.config_path.read_text()
+    assert f"vocab_dir: {shared}\n" in text and "data_dir: data\n" in text
+    (tmp_path / "elsewhere" / "deeper").mkdir(parents=True)
+    moved = tmp_path / "elsewhere" / "deeper" / "renamed"
+    shutil.move(run.path, moved)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert Run(moved).vocab_dir == shared
+    assert Path(Run(moved).config.data.data_dir) == moved / "data"
+    resumed = dataclasses.replace(config, data=dataclasses.replace(
+        config.data, vocab_dir=str(shared), data_dir=str(moved / "data")))
+    assert Run.create(resumed, moved).epochs_done() == 2  # the same run, at its new place
+
+    # Written by hand, relative to the file (the probe): read from there.
+    (moved / "config.yaml").write_text(text.replace(f"vocab_dir: {shared}",
+                                                    "vocab_dir: ../../../shared_vocab"))
+    assert Path(Run(moved).vocab_dir).resolve() == shared
+    # Saved before the rule, relative to the working directory of the training.
+    monkeypatch.chdir(tmp_path)
+    (moved / "config.yaml").write_text(text.replace(f"vocab_dir: {shared}",
+                                                    "vocab_dir: shared_vocab"))
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+        assert Run(moved).vocab_dir == Path("shared_vocab")
+    assert (f"{moved / 'config.yaml'}: data.vocab_dir shared_vocab is read from the working "
+            "directory, as runs saved before paths were read relative to the config file gave "
+            "it") in caplog.text
 
 
 def test_moving_the_tfds_data_cache_is_the_same_run(run_with_two_epochs):
