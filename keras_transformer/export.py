@@ -304,13 +304,14 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
     root = Path(model_root)
     if version is not None and (root / str(version)).exists():
         raise FileExistsError(f"{root / str(version)} already exists: choose another version")
+    # The run is loaded (and refused, if it must be) before the model folder is made.
+    translator = translator_from_run(run_dir, **translator_args)
     root.mkdir(parents=True, exist_ok=True)
     # One export into a model folder at a time: a second waits, then takes the next version
     # (both took the first free one, and one failed when the other's was renamed into place).
     with process_lock(root / EXPORT_LOCK, lambda holder: (
             f"{root}: process {holder} is exporting a version there; waiting for it to end"),
             wait=True, remove=True):
-        translator = translator_from_run(run_dir, **translator_args)
         version = next_version(root) if version is None else version
         return export_translator(
             translator, root / str(version), batching=batching,

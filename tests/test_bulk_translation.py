@@ -258,10 +258,11 @@ def test_the_loop_guard_is_a_flag_of_a_run_and_fixed_in_a_savedmodel(random_run,
         "exported with no_repeat_ngram_size 0; export again with --set "
         "decode.no_repeat_ngram_size=3, or use --run")
     for value in ("0", "-1", "nan", "x"):
-        code, _, err = run_cli(monkeypatch, capsys, ["translate", "--run", str(random_run),
-                                                     "--repetition-penalty", value], stdin)
-        assert code == 2
-        assert "must be a finite number > 0 (1: off)" in error_line(err)
+        with pytest.raises(SystemExit) as exit_:  # argparse's own refusal
+            run_cli(monkeypatch, capsys, ["translate", "--run", str(random_run),
+                                          "--repetition-penalty", value], stdin)
+        assert exit_.value.code == 2
+        assert "must be a finite number > 0 (1: off)" in capsys.readouterr().err
 
 
 def test_the_progress_bar_counts_this_runs_rate_and_time_left():

@@ -302,7 +302,7 @@ def test_settings_file_and_layout(random_translation_model, tmp_path):
         "beam_size": 4, "alpha": 0.6, "patience": 1.0, "max_extra_length": 8,
         "max_positions": MAX_LENGTH, "max_source_length": MAX_LENGTH,
         "sampling_topk": 0, "sampling_topp": 1.0, "sampling_temperature": 1.0,
-        "alignment_layer": -1,
+        "alignment_layer": -1, "no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
         "source_start": "<s>", "source_end": "</s>", "sentencepiece_model": "sentencepiece.model",
         "quantization": "float32", "run": "runs/tiny", "weights": "best",
         "model_bin_sha256": file_sha256(folder / "model.bin"),

@@ -795,9 +795,10 @@ def test_a_ctranslate2_export_whose_folder_another_wrote_meanwhile_is_one_line(
     output = tmp_path / "ct2"
     sha256 = ctranslate2_export.file_sha256
 
-    def other_export_finishes(path):  # while this one writes
-        output.mkdir()
-        (output / "model.bin").write_bytes(b"the other export's")
+    def other_export_finishes(path):  # while this one writes (checksums its files)
+        if not output.exists():
+            output.mkdir()
+            (output / "model.bin").write_bytes(b"the other export's")
         return sha256(path)
 
     monkeypatch.setattr(ctranslate2_export, "file_sha256", other_export_finishes)

@@ -85,15 +85,19 @@ def test_the_runner_trains_translates_and_exports(in_empty_folder, capsys):
     assert (in_empty_folder / "saved_models" / "multi30k_de_en" / "1" / "saved_model.pb").is_file()
 
 
-def test_the_corpora_config_of_your_own_data_is_a_config():
-    """The data.corpora example of the "Your own data" page parses as written."""
+def test_the_configs_of_your_own_data_are_configs():
+    """The data.modifiers and data.corpora examples of the "Your own data" page parse as
+    written."""
     import yaml
 
-    from keras_transformer.config import ExperimentConfig
+    from keras_transformer.config import ExperimentConfig, ModifiersConfig
 
     text = (REPO_ROOT / "docs" / "your_own_data.md").read_text(encoding="utf-8")
-    (block,) = re.findall(r"```yaml\n(.*?)```", text, re.S)
-    corpora = ExperimentConfig.from_dict(yaml.safe_load(block)).data.corpora
+    modifiers, corpora = (ExperimentConfig.from_dict(yaml.safe_load(block)).data for block in
+                          re.findall(r"```yaml\n(.*?)```", text, re.S))
+    assert modifiers.modifiers == ModifiersConfig(upper_case=0.1, title_case=0.05, typos=0.1,
+                                                  copy_spans=0.1)
+    corpora = corpora.corpora
     assert [(c.dataset, c.weight, c.tag) for c in corpora] == [
         ("multi30k", 1.0, None), ("file_pair", 1.0, "<BT>")]
     assert ExperimentConfig.from_yaml(REPO_ROOT / "experiments" / "multi30k_en_de_bt.yaml"

@@ -41,8 +41,10 @@ def texts(tensor):
     return [t.decode("utf-8") for t in np.asarray(tensor).reshape(-1)]
 
 
-def uncached_greedy(model, source_ids, length_caps, max_decode_length):
-    """The tutorial's decoding: the whole model re-run on the prefix at every step, argmax.
+def uncached_greedy(model, source_ids, length_caps, max_decode_length, guard=None):
+    """The tutorial's decoding: the whole model re-run on the prefix at every step, argmax;
+    `guard(logits, generated)` may change each row's float32 logits in place, given the
+    tokens it has generated.
 
     Returns int32 [batch, max_decode_length] shaped like `decoding.greedy_search`'s ids.
     """
@@ -52,6 +54,10 @@ def uncached_greedy(model, source_ids, length_caps, max_decode_length):
     finished = np.zeros([batch], bool)
     for step in range(max_decode_length):
         logits = model((source_ids, prefix), training=False)[:, -1].numpy()  # [batch, vocab]
+        if guard is not None:
+            logits = logits.astype(np.float32)
+            for row in range(batch):
+                guard(logits[row], list(prefix[row, 1:]))
         next_ids = np.where(finished, PAD_ID, logits.argmax(-1)).astype(np.int32)
         output[:, step] = next_ids
         finished |= (next_ids == END_ID) | (step + 1 >= length_caps)
@@ -484,29 +490,17 @@ def guarded_greedy(model, source_ids, length_caps, max_decode_length, n, penalty
     """`uncached_greedy` with `decoding.RepetitionGuard`'s rules written in numpy: tokens that
     would repeat an n-gram of the output are impossible, and the logits of tokens already in
     the output are divided by `penalty` where positive, multiplied where negative."""
-    batch = source_ids.shape[0]
-    prefix = np.full([batch, 1], START_ID, np.int32)
-    output = np.full([batch, max_decode_length], PAD_ID, np.int32)
-    finished = np.zeros([batch], bool)
-    for step in range(max_decode_length):
-        logits = model((source_ids, prefix), training=False)[:, -1].numpy().astype(np.float32)
-        for row in range(batch):
-            generated = list(prefix[row, 1:])
-            for token in set(generated):
-                value = logits[row, token]
-                logits[row, token] = value / penalty if value > 0 else value * penalty
-            if n and len(generated) >= n:
-                last = generated[len(generated) - n + 1:]
-                for start in range(len(generated) - n + 1):
-                    if generated[start:start + n - 1] == last:
-                        logits[row, generated[start + n - 1]] = NEG_INF
-        next_ids = np.where(finished, PAD_ID, logits.argmax(-1)).astype(np.int32)
-        output[:, step] = next_ids
-        finished |= (next_ids == END_ID) | (step + 1 >= length_caps)
-        if finished.all():
-            break
-        prefix = np.concatenate([prefix, next_ids[:, None]], axis=1)
-    return output
+    def guard(logits, generated):
+        for token in set(generated):
+            value = logits[token]
+            logits[token] = value / penalty if value > 0 else value * penalty
+        if n and len(generated) >= n:
+            last = generated[len(generated) - n + 1:]
+            for start in range(len(generated) - n + 1):
+                if generated[start:start + n - 1] == last:
+                    logits[generated[start + n - 1]] = NEG_INF
+
+    return uncached_greedy(model, source_ids, length_caps, max_decode_length, guard)
 
 
 def repeated_ngrams(ids, n):
