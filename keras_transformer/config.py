@@ -263,9 +263,17 @@ class DataConfig:
     # Upper case, title case, typos and copied spans in a share of the training pairs
     # (`ModifiersConfig`); all 0 (off) by default.
     modifiers: ModifiersConfig = dataclasses.field(default_factory=ModifiersConfig)
+    # Numbers, web addresses and emoji carried through translation by placeholder pieces
+    # (keras_transformer.placeholders): the vocabulary gets <ph0>...<ph7>, training masks the
+    # spans both sides of a pair have, translation masks the source's and puts them back.
+    # sentencepiece only; a vocabulary built without them cannot be used with them.
+    placeholders: bool = False
 
     def __post_init__(self):
         _check_choice("data.tokenizer", self.tokenizer, ("sentencepiece", "wordpiece"))
+        if self.placeholders and self.tokenizer != "sentencepiece":
+            raise ConfigError("data.placeholders needs data.tokenizer sentencepiece (a "
+                              f"placeholder is a piece of its own), not {self.tokenizer!r}")
         for name in ("tokens_per_batch", "bucket_step", "shuffle_buffer"):
             _check_positive(f"data.{name}", getattr(self, name))
         _check_at_least("data.vocab_size", self.vocab_size, RESERVED_IDS + 1,

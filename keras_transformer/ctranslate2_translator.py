@@ -37,6 +37,7 @@ from keras_transformer.config import (PROVENANCE_FILE, VOCABULARY_CHECKSUMS, Con
 from keras_transformer.search_rules import (NEG_INF, cannot_improve, finished_to_stop,
                                             kept_source_tokens, length_penalty, output_cap)
 from keras_transformer.text_io import changed_file, file_sha256, first_line
+from keras_transformer import placeholders
 from keras_transformer.text_normalization import normalize
 from keras_transformer.word_alignment import hard_alignment, word_attention, word_indices
 
@@ -113,6 +114,9 @@ class CTranslate2Translator:
                                  "trained with); export the run again")
             self.processor = sentencepiece.SentencePieceProcessor(
                 model_file=str(self.model_dir / self.settings["sentencepiece_model"]))
+            # A vocabulary built with data.placeholders: as `Translator.placeholders`.
+            self.placeholders = placeholders.in_vocabulary(self.processor.piece_to_id,
+                                                           self.processor.unk_id())
             # the reserved ids (PAD 0, START 1, END 2 in every model `tokenizers` trains)
             self.pad_id = self.processor.pad_id()
             self.start_id = self.processor.bos_id()
@@ -156,13 +160,13 @@ class CTranslate2Translator:
         """Greedy decoding: `{"translation": bytes [batch], "score": float32 [batch]}` with
         log P(translation | source) as score (END included)."""
         best = self.greedy_ids(batch)
-        return {"translation": self._texts(best), "score": _scores(best)}
+        return {"translation": self._texts(best, self._spans(batch)), "score": _scores(best)}
 
     def translate_beam(self, batch) -> dict:
         """Beam search: `{"translation": bytes [batch], "score": float32 [batch]}` with the
         length-normalized log P / lp as score."""
         best = [hypotheses[0] for hypotheses in self.beam_ids(batch)]
-        return {"translation": self._texts(best), "score": _scores(best)}
+        return {"translation": self._texts(best, self._spans(batch)), "score": _scores(best)}
 
     def translate_sampling(self, batch, seed: int = 0, *, top_k: int | None = None,
                            top_p: float | None = None,
@@ -179,7 +183,7 @@ class CTranslate2Translator:
         log P under the model's, from the logits CTranslate2 returns with the draws.
         """
         best = self.sample_ids(batch, seed, top_k=top_k, top_p=top_p, temperature=temperature)
-        return {"translation": self._texts(best), "score": _scores(best)}
+        return {"translation": self._texts(best, self._spans(batch)), "score": _scores(best)}
 
     def sample_ids(self, batch, seed: int = 0, *, top_k: int | None = None,
                    top_p: float | None = None,
@@ -212,7 +216,7 @@ class CTranslate2Translator:
         sources, prefixes = _strings(batch), _strings(prefixes)
         if len(sources) != len(prefixes):
             raise ConfigError(f"{len(sources)} sources for {len(prefixes)} prefixes")
-        pieces = [self._source_pieces(normalize(text)) for text in sources]
+        pieces = [self._source_pieces(self._masked(normalize(text))) for text in sources]
         forced = [self.processor.encode(normalize(text).decode("utf-8"), out_type=str)[
             :self.max_positions - 1] for text in prefixes]
         rows = [index for index, source in enumerate(pieces) if source is not None]
@@ -225,7 +229,7 @@ class CTranslate2Translator:
                 **self.search_options)
             for index, cap, result in zip(rows, caps, results):
                 best[index] = _cut(self._hypotheses(result)[0], cap)
-        return {"translation": self._texts(best), "score": _scores(best)}
+        return {"translation": self._texts(best, self._spans(sources)), "score": _scores(best)}
 
     def score(self, sources, targets) -> dict:
         """log P(target | source) of each pair by CTranslate2's `score_batch`, as
@@ -290,7 +294,9 @@ class CTranslate2Translator:
         nbest = self.beam_ids(batch)
         flat = [hypothesis for hypotheses in nbest for hypothesis in hypotheses]
         shape = (len(nbest), self.beam_size)
-        return {"translations": self._texts(flat).reshape(shape),
+        spans = self._spans(batch)
+        spans = spans and [row for row in spans for _ in range(self.beam_size)]
+        return {"translations": self._texts(flat, spans).reshape(shape),
                 "scores": _scores(flat).reshape(shape)}
 
     def greedy_ids(self, batch) -> list[tuple[list[int], float]]:
@@ -307,8 +313,7 @@ class CTranslate2Translator:
         """Runs `decode(sources, cap)` on each group of sources with the same output cap (with
         the "native" rule: on all of them at once, with the longest cap, each output then cut
         at its own cap); `not_decoded` stands for empty sources."""
-        texts = [normalize(text) for text in _strings(batch)]
-        sources = [self._source_pieces(text) for text in texts]
+        sources = [self._source_pieces(self._masked(normalize(text))) for text in _strings(batch)]
         caps = {index: self._cap(pieces) for index, pieces in enumerate(sources)
                 if pieces is not None}
         groups = defaultdict(list)
@@ -331,6 +336,18 @@ class CTranslate2Translator:
         return ([self._source_pieces(normalize(text)) or [] for text in sources],
                 [self.processor.encode(normalize(text).decode("utf-8"), out_type=str)[
                     :self.max_positions - 1] for text in targets])
+
+    def _masked(self, source: bytes) -> bytes:
+        """A normalized source with its spans masked (`placeholders.mask`), if the vocabulary
+        has placeholders."""
+        return placeholders.mask(source.decode("utf-8"))[0].encode("utf-8") \
+            if self.placeholders else source
+
+    def _spans(self, batch) -> list[list[str]] | None:
+        """The masked spans of each source (`placeholders.mask`), None without placeholders."""
+        if not self.placeholders:
+            return None
+        return [placeholders.mask(normalize(text).decode("utf-8"))[1] for text in _strings(batch)]
 
     def _source_pieces(self, source: bytes) -> list[str] | None:
         """The pieces of a normalized source, truncated so that with START and END they fit
@@ -467,15 +484,18 @@ class CTranslate2Translator:
         return [([self.processor.piece_to_id(piece) for piece in tokens], score)
                 for tokens, score in zip(result.hypotheses, result.scores)]
 
-    def _texts(self, hypotheses: list) -> np.ndarray:
+    def _texts(self, hypotheses: list, spans: list[list[str]] | None = None) -> np.ndarray:
         """(ids, score) pairs -> object array of UTF-8 bytes, as `Tokenizer.detokenize`
-        makes them (PAD and START dropped, cut at the first END)."""
+        makes them (PAD and START dropped, cut at the first END), with each hypothesis's
+        source `spans` put back (`placeholders.unmask`) if given."""
         texts = np.empty(len(hypotheses), dtype=object)
         for index, (ids, _) in enumerate(hypotheses):
             if self.end_id in ids:
                 ids = ids[:ids.index(self.end_id)]
-            texts[index] = self.processor.decode(
-                [i for i in ids if i not in (self.pad_id, self.start_id)]).encode("utf-8")
+            text = self.processor.decode([i for i in ids if i not in (self.pad_id, self.start_id)])
+            if spans is not None:
+                text = placeholders.unmask(text, spans[index])
+            texts[index] = text.encode("utf-8")
         return texts
 
 

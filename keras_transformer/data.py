@@ -517,10 +517,11 @@ class TrainingStream:
         self.accumulate_steps = accumulate_steps
         self._tokenizers = (source_tokenizer, target_tokenizer)
         self._modifiers = data_config.modifiers.shares()
+        self._modify = bool(self._modifiers or data_config.placeholders)
         # A pass's tokens differ from the last pass's when the tokenizer samples segmentations
         # or the modifiers change the text: then each pass tokenizes anew.
         self._per_pass = bool(source_tokenizer.samples or target_tokenizer.samples
-                              or self._modifiers)
+                              or self._modify)
         # Tokenized pairs are cached (text pairs when each pass tokenizes anew); the cache
         # fills during the first complete pass and every later pass of any stream of this
         # object reads it.
@@ -539,22 +540,25 @@ class TrainingStream:
         # global seed, which when 0 (mod 2**31 - 1) makes tf.data's seed check compare the
         # tensor seed in Python and fail. Eagerly it would clear TensorFlow's kernel cache.
         examples = self._shuffled(self._examples, index)
-        if self._modifiers:
+        if self._modify:
             examples = self._modified(examples, index)
         if self._per_pass:
             examples = self._tokenize(examples)
         return examples
 
     def _modified(self, pairs: tf.data.Dataset, index) -> tf.data.Dataset:
-        """Text `pairs` of pass `index` through `data.modifiers` (`modifiers.modify_batch`),
-        the draws a function of the seed, the pass and the pairs' place in it."""
+        """Text `pairs` of pass `index` through `data.modifiers` and `data.placeholders`
+        (`modifiers.modify_batch`), the draws a function of the seed, the pass and the pairs'
+        place in it."""
         shares, seed = self._modifiers, self.seed
         case_target = self.data_config.modifiers.case_target
+        placeholders = self.data_config.placeholders
 
         def modify(batch_index, pairs):
             sources, targets = tf.numpy_function(
                 lambda s, t, i, b: tuple(np.array(side, object) for side in modify_batch(
-                    s, t, shares, seed, i, b, case_target=case_target)),
+                    s, t, shares, seed, i, b, case_target=case_target,
+                    placeholders=placeholders)),
                 [*pairs, tf.cast(index, tf.int64), batch_index],
                 (tf.string, tf.string), stateful=False)
             return tf.ensure_shape(sources, [None]), tf.ensure_shape(targets, [None])

@@ -52,6 +52,8 @@ from keras_transformer.config import (  # noqa: F401 (the reserved ids, re-expor
     ConfigError,
     DataConfig,
 )
+from keras_transformer import placeholders
+from keras_transformer.placeholders import MAX_SPANS, PLACEHOLDER_PATTERN, SPAN_PATTERN, SYMBOLS
 from keras_transformer.text_io import errno_of, partial_path, remove_dead_partials, write_error
 from keras_transformer.text_normalization import INVISIBLE_PATTERN, WHITESPACE_PATTERN
 from keras_transformer.word_alignment import WORD_BOUNDARY
@@ -101,6 +103,42 @@ def normalize_text(strings):
     return tf.strings.strip(tf.strings.regex_replace(strings, WHITESPACE_PATTERN, " "))
 
 
+def mask_spans(strings):
+    """string [batch] -> (string [batch], string [batch, (spans)]): each text with its first
+    `placeholders.MAX_SPANS` spans (numbers, web addresses, emoji) replaced by ``<ph0>``,
+    ``<ph1>``, ... in reading order, and those spans: `placeholders.mask` as TensorFlow ops
+    (`RegexSplitWithOffsets`, `RegexFullMatch`), byte for byte."""
+    pieces, _, _ = text.regex_split_with_offsets(strings, SPAN_PATTERN, SPAN_PATTERN)
+    flat = pieces.flat_values  # the texts cut into spans and what lies between them
+    is_span = tf.strings.regex_full_match(flat, SPAN_PATTERN)
+    count = tf.cumsum(tf.cast(is_span, tf.int32), exclusive=True)
+    before_row = tf.gather(tf.concat([count, [tf.reduce_sum(tf.cast(is_span, tf.int32))]], 0),
+                           pieces.row_starts())
+    index = count - tf.gather(before_row, pieces.value_rowids())  # the span's place in its text
+    masked = is_span & (index < MAX_SPANS)
+    placeholder = tf.strings.join(["<ph", tf.strings.as_string(index), ">"])
+    texts = tf.strings.reduce_join(pieces.with_flat_values(tf.where(masked, placeholder, flat)),
+                                   axis=1)
+    return texts, tf.ragged.boolean_mask(pieces, pieces.with_flat_values(masked))
+
+
+def unmask_spans(texts, spans):
+    """string [batch], string [batch, (spans)] -> string [batch]: each placeholder ``<phK>``
+    replaced by its row's K-th span, or removed where the row has none (`placeholders.unmask`
+    as TensorFlow ops, byte for byte)."""
+    pieces, _, _ = text.regex_split_with_offsets(texts, PLACEHOLDER_PATTERN, PLACEHOLDER_PATTERN)
+    flat, rows = pieces.flat_values, pieces.value_rowids()
+    is_placeholder = tf.strings.regex_full_match(flat, PLACEHOLDER_PATTERN)
+    digit = tf.strings.substr(tf.where(is_placeholder, flat, SYMBOLS[0]), 3, 1)  # <phK>: K
+    index = tf.strings.to_number(digit, tf.int64)
+    found = is_placeholder & (index < tf.gather(spans.row_lengths(), rows))
+    at = tf.where(found, tf.gather(spans.row_starts(), rows) + index, tf.size(spans.flat_values,
+                                                                            out_type=tf.int64))
+    span = tf.gather(tf.concat([spans.flat_values, [""]], 0), at)
+    return tf.strings.reduce_join(
+        pieces.with_flat_values(tf.where(is_placeholder, span, flat)), axis=1)
+
+
 class Tokenizer(tf.Module):
     """Strings <-> subword ids with reserved PAD/START/END/UNK ids; exportable with tf.saved_model.
 
@@ -111,6 +149,7 @@ class Tokenizer(tf.Module):
 
     vocab_size: int
     samples = False  # whether `tokenize` samples a segmentation (subword regularization)
+    placeholders = False  # whether the vocabulary has the placeholders (`mask_spans`)
 
     def __init__(self, name=None):
         super().__init__(name=name)
@@ -186,6 +225,8 @@ class SentencePieceTokenizer(Tokenizer):
                                                          nbest_size=nbest_size, alpha=alpha)
         self.samples = nbest_size not in (0, 1)
         self.vocab_size = int(self.tokenizer.vocab_size())
+        processor = sentencepiece.SentencePieceProcessor(model_proto=model)
+        self.placeholders = placeholders.in_vocabulary(processor.piece_to_id, UNK_ID)
         super().__init__(name=name)
 
     @staticmethod
@@ -402,6 +443,8 @@ def _settings(data_config: DataConfig) -> dict:
     }
     if corpus_tags(data_config):  # vocabularies made before corpora had tags have no such key
         settings["tags"] = corpus_tags(data_config)
+    if data_config.placeholders:  # nor before placeholders
+        settings["placeholders"] = True
     return settings
 
 
@@ -442,7 +485,8 @@ def build_tokenizers(data_config: DataConfig, train_pairs: tf.data.Dataset,
                                 max_sentences=data_config.vocab_sample_sentences,
                                 # with the word-start mark that SentencePiece puts before a
                                 # word: "<BT> Ein" is "▁<BT>", "▁Ein", not "▁", "<BT>", ...
-                                symbols=[WORD_BOUNDARY + tag for tag in corpus_tags(data_config)])
+                                symbols=[WORD_BOUNDARY + tag for tag in corpus_tags(data_config)]
+                                + (placeholders.pieces() if data_config.placeholders else []))
         else:
             for index, lang in enumerate(_wordpiece_langs(data_config)):
                 side = train_pairs.map(lambda *pair, i=index: pair[i])

@@ -67,7 +67,8 @@ from keras_transformer.evaluation import score
 from keras_transformer.model import Transformer
 from keras_transformer.runs import Run
 from keras_transformer.search_rules import STOPPING_RULES, kept_source_tokens, output_cap
-from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID, Tokenizer, normalize_text
+from keras_transformer.tokenizers import (END_ID, PAD_ID, START_ID, Tokenizer, mask_spans,
+                                          normalize_text, unmask_spans)
 
 STRINGS_SPEC = tokenizers.STRINGS_SPEC
 ALPHA_SPEC = tf.TensorSpec([], tf.float32, name="alpha")
@@ -141,6 +142,9 @@ class Translator(tf.Module):
         object.__setattr__(self, "model", model)
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
+        # A vocabulary built with data.placeholders: numbers, addresses and emoji of the source
+        # travel as placeholders (`tokenizers.mask_spans`) and are put back into the output.
+        self.placeholders = source_tokenizer.placeholders and target_tokenizer.placeholders
         self.decode_config = decode_config
         layers = model.config.decoder_layers
         if not -layers <= decode_config.alignment_layer < layers:
@@ -231,7 +235,9 @@ class Translator(tf.Module):
         translation must start with (any search; see `_decode`); the strategy's
         `signature_inputs` and `prefix` have a row per source.
 
-        Sources are normalized (`normalize_text`); the ones left without words get "" with
+        Sources are normalized (`normalize_text`), and with a vocabulary that has placeholders
+        their spans masked (`mask_spans`; put back into every output); the ones left without
+        words get "" with
         score 0 (nbest: then empty slots) and are not decoded. The decoded sentences see
         exactly the batch they would see without the others (so their outputs are bitwise the
         same), and a batch without words runs no search at all.
@@ -251,6 +257,15 @@ class Translator(tf.Module):
             no_words = {"translation": "", "score": 0.0}
         no_words = {key: tf.constant(value) for key, value in no_words.items()}
         source = normalize_text(source)
+        spans = None
+        if self.placeholders:
+            source, spans = mask_spans(source)
+
+        def detokenize(ids, rows):
+            """ids `[n, len]` of the sources `rows` `[n]` -> string `[n]`, spans put back."""
+            texts = self.target_tokenizer.detokenize(ids)
+            return texts if spans is None else unmask_spans(texts, tf.gather(spans, rows))
+
         has_words = tf.strings.length(source) > 0  # [batch]
         rows = tf.range(tf.size(source))
         decoded, skipped = tf.boolean_mask(rows, has_words), tf.boolean_mask(rows, ~has_words)
@@ -265,10 +280,10 @@ class Translator(tf.Module):
             if search != "nbest":
                 if decoding.STRATEGIES[strategy].nbest:  # the best is the first: one trace
                     ids, scores = ids[:, 0], scores[:, 0]
-                return {"translation": self.target_tokenizer.detokenize(ids), "score": scores}
+                return {"translation": detokenize(ids, decoded), "score": scores}
             flat = tf.reshape(ids, [-1, tf.shape(ids)[2]])  # [n * beam, len]
-            texts = tf.reshape(self.target_tokenizer.detokenize(flat), [-1, beam_size])
-            return {"translations": texts, "scores": scores}
+            texts = detokenize(flat, tf.repeat(decoded, beam_size))
+            return {"translations": tf.reshape(texts, [-1, beam_size]), "scores": scores}
 
         def no_rows():
             return {key: tf.repeat(row[None], 0, axis=0) for key, row in no_words.items()}
