@@ -4,7 +4,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from keras_transformer.training import split_cpu  # noqa: E402
+from keras_transformer.training.runner import split_cpu  # noqa: E402
 
 # Two logical CPU devices, so MirroredStrategy tests run two replicas on this machine. The
 # configuration is only possible before the runtime initializes, hence here and not in a fixture.

@@ -16,7 +16,7 @@ target_tokens,bleu`, a line per validation; an unknown token count is empty). Ru
 the machine that trained them; the CSV files are small enough to commit beside the figure
 (`experiments/curves/`), so that a later figure can draw runs of other machines and sessions.
 
-What it reads, as `keras_transformer.callbacks.default_callbacks` writes it:
+What it reads, as `keras_transformer.training.callbacks.default_callbacks` writes it:
 
 - BLEU: tag `epoch_bleu` in `logs/validation`, step = epoch - 1. `ValidationBleu` puts
   `val_bleu` (greedy decoding of `train.validation_bleu_sentences` sentences) in the epoch logs,

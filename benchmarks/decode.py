@@ -101,7 +101,7 @@ def _choices(parser, flag, text, allowed):
 
 
 def read_sentences(data_dir, lang: str, limit: int) -> list[str]:
-    from keras_transformer.text_io import read_lines
+    from keras_transformer.data.text_io import read_lines
 
     path = Path(data_dir) / f"test_2016_flickr.{lang}.gz"
     if not path.is_file():
@@ -125,7 +125,7 @@ def row_server(spec: dict) -> None:
         raise SystemExit(f"decode.py: {spec['cores']} cores asked, {len(cpus)} available")
     os.sched_setaffinity(0, cpus[:spec["cores"]])
     translate = load_row_model(spec)
-    from keras_transformer.translator import score_texts, translate_texts
+    from keras_transformer.decoding.translator import score_texts, translate_texts
 
     def one_pass():
         start = time.perf_counter()
@@ -208,7 +208,7 @@ def load_row_model(spec: dict):
     target) string [batch] -> {"score", ...}), with one thread per op and `cores` batches in
     flight."""
     if spec["variant"].startswith("ct2"):
-        from keras_transformer.ctranslate2_translator import CTranslate2Translator
+        from keras_transformer.export.ctranslate2_runtime import CTranslate2Translator
 
         translator = CTranslate2Translator(spec["path"], inter_threads=spec["cores"],
                                            intra_threads=1, max_batch_size=0)
@@ -218,7 +218,7 @@ def load_row_model(spec: dict):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(spec["cores"])
-    from keras_transformer.export import load_translator
+    from keras_transformer.export.savedmodel import load_translator
 
     loaded = load_translator(spec["path"])
     if spec["search"] == "score":
@@ -243,9 +243,9 @@ def count_target_tokens(tokenizer, outputs) -> int:
 def export_variants(args, translator, root: Path, alphas: list[float]) -> dict:
     """{(variant, alpha): path} of every export the rows need, made in this process from the
     run's `translator` (an export fixes its length penalty, so one export per alpha)."""
-    from keras_transformer.ctranslate2_export import export_ctranslate2
-    from keras_transformer.export import export_translator
-    from keras_transformer.translator import Translator
+    from keras_transformer.export.ctranslate2 import export_ctranslate2
+    from keras_transformer.export.savedmodel import export_translator
+    from keras_transformer.decoding.translator import Translator
 
     paths = {}
     for alpha in alphas:
@@ -392,8 +392,8 @@ def main(argv=None) -> int:
         return 0
     args = parse_args(argv)
     from keras_transformer.config import ConfigError
-    from keras_transformer.runs import Run
-    from keras_transformer.translator import translator_from_run
+    from keras_transformer.runs.folder import Run
+    from keras_transformer.decoding.translator import translator_from_run
 
     try:
         translator = translator_from_run(args.run, weights=args.weights, beam_size=args.beam)

@@ -124,11 +124,11 @@ def main(argv=None) -> int:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     from keras_transformer.config import ConfigError
-    from keras_transformer.ctranslate2_export import export_ctranslate2
-    from keras_transformer.ctranslate2_translator import CTranslate2Translator
-    from keras_transformer.export import export_translator, load_translator
-    from keras_transformer.runs import Run
-    from keras_transformer.translator import translator_from_run
+    from keras_transformer.export.ctranslate2 import export_ctranslate2
+    from keras_transformer.export.ctranslate2_runtime import CTranslate2Translator
+    from keras_transformer.export.savedmodel import export_translator, load_translator
+    from keras_transformer.runs.folder import Run
+    from keras_transformer.decoding.translator import translator_from_run
 
     try:
         translator = translator_from_run(args.run, weights=args.weights)

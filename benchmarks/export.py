@@ -47,7 +47,7 @@ def while_loop_count(export_dir: str | os.PathLike) -> int:
 
 
 def export_once(run_dir: str, model_root: str) -> dict:
-    from keras_transformer.export import export_run
+    from keras_transformer.export.savedmodel import export_run
 
     start = time.perf_counter()
     path = export_run(run_dir, model_root)

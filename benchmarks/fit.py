@@ -103,8 +103,8 @@ def flops_per_target_token(run, train_benchmark) -> float:
 
 def run_fit(args) -> dict:
     """Measures the peaks, trains, reads the run back; returns the figures."""
-    from keras_transformer import training
-    from keras_transformer.runs import Run
+    from keras_transformer.training import runner as training
+    from keras_transformer.runs.folder import Run
 
     train_benchmark = load_sibling("train")
     dtypes = ("float32", "bfloat16")

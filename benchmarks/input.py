@@ -29,8 +29,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 from keras_transformer.config import DATA_ENV, DataConfig, ExperimentConfig  # noqa: E402
-from keras_transformer.data import build_vocab, load_pairs, make_batches  # noqa: E402
-from keras_transformer.tokenizers import load_tokenizers  # noqa: E402
+from keras_transformer.data.corpora import build_vocab, load_pairs  # noqa: E402
+from keras_transformer.data.streams import make_batches
+from keras_transformer.data.tokenizers import load_tokenizers  # noqa: E402
 
 
 def parse_args():
@@ -92,7 +93,7 @@ def compare_autotuning(batches: tf.data.Dataset, stall_seconds: float) -> None:
 
 def time_training(config: ExperimentConfig, batches: list, steps: int) -> float:
     """Target tokens/s of `train_on_batch` over `steps` in-memory batches (after 3 warm-up steps)."""
-    from keras_transformer import training
+    from keras_transformer.training import runner as training
 
     model = training.build_model(config)
     for x, y in batches[:3]:  # traces the train function for the first shapes
@@ -133,7 +134,7 @@ def main():
     if args.train_steps:
         config = ExperimentConfig.from_dict({"model": {"preset": args.preset},
                                              "data": vars(data_config)})
-        from keras_transformer.runs import with_vocab_sizes
+        from keras_transformer.runs.folder import with_vocab_sizes
 
         config = with_vocab_sizes(config, source_tokenizer, target_tokenizer)
         in_memory = list(batches.take(args.train_steps + 3))

@@ -54,7 +54,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from keras_transformer.config import DATA_ENV
-from keras_transformer.text_io import DataError, read_parallel_lines
+from keras_transformer.data.text_io import DataError, read_parallel_lines
 
 # Multi30k split each synthetic split is made from.
 SOURCE_SPLITS = {"train": "train", "validation": "val", "test": "test_2016_flickr"}

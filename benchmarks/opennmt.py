@@ -169,7 +169,7 @@ def prepare(args) -> dict:
 
     from keras_transformer import data as data_lib
     from keras_transformer.config import SENTENCEPIECE_FILE
-    from keras_transformer.tokenizers import META_FILE
+    from keras_transformer.data.tokenizers import META_FILE
 
     config = our_config(args)
     if config.data.tokenizer != "sentencepiece":
@@ -366,8 +366,8 @@ def run_ours(args) -> dict:
     """Trains our side for --minutes (or --max-steps); returns its figures. Our venv."""
     import dataclasses
 
-    from keras_transformer import training
-    from keras_transformer.runs import Run
+    from keras_transformer.training import runner as training
+    from keras_transformer.runs.folder import Run
 
     sys.path.insert(0, str(HERE))
     from curves import read_curve, training_start  # noqa: E402
@@ -905,7 +905,7 @@ def main(argv=None) -> int:
                              args.onmt_batch_size)
     settings_path = work / "onmt_settings.json"
     settings_path.write_text(json.dumps(settings, indent=2) + "\n")
-    from keras_transformer.training import cpu_has_native_bfloat16
+    from keras_transformer.training.runner import cpu_has_native_bfloat16
 
     ours_runs = []
     for precision in our_precisions(args.precisions, cpu_has_native_bfloat16()):

@@ -43,7 +43,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from keras_transformer import modifiers  # noqa: E402  (no TensorFlow: before the env is read)
+from keras_transformer.data import modifiers  # noqa: E402  (no TensorFlow: before the env is read)
 
 CLASSES = ("clean", "upper", "title", "typos", "number", "name", "emoji")
 SPAN_CLASSES = ("number", "name", "emoji")
@@ -178,13 +178,13 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     from keras_transformer import cli
-    from keras_transformer.translator import translate_texts
+    from keras_transformer.decoding.translator import translate_texts
 
     model = Path(args.model)
     is_run = (model / "config.yaml").is_file()
     source_lang, target_lang = args.source_lang or "de", args.target_lang or "en"
     if is_run:
-        from keras_transformer.runs import Run
+        from keras_transformer.runs.folder import Run
 
         data = Run(model).config.data
         source_lang = args.source_lang or data.source_lang

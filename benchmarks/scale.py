@@ -105,7 +105,7 @@ def experiment(args, **data_values):
 
 
 def stage_vocab(args) -> dict:
-    from keras_transformer.data import build_vocab
+    from keras_transformer.data.corpora import build_vocab
 
     config = experiment(args)
     start = time.perf_counter()
@@ -114,7 +114,7 @@ def stage_vocab(args) -> dict:
 
 
 def stage_stats(args) -> dict:
-    from keras_transformer.data import data_stats
+    from keras_transformer.data.stats import data_stats
 
     config = experiment(args)
     start = time.perf_counter()
@@ -152,8 +152,9 @@ def rates(tokens: list, times: list, first_batches: int) -> dict:
 
 
 def stage_input(args) -> dict:
-    from keras_transformer.data import load_pairs, make_batches
-    from keras_transformer.tokenizers import load_tokenizers
+    from keras_transformer.data.corpora import load_pairs
+    from keras_transformer.data.streams import make_batches
+    from keras_transformer.data.tokenizers import load_tokenizers
 
     cache = args.stage == "input-on"
     config = experiment(args, cache=cache)
@@ -170,8 +171,9 @@ def stage_input(args) -> dict:
 
 def stage_shard(args) -> dict:
     """One pass of worker i of K's input (see the module docstring); CPU and wall seconds."""
-    from keras_transformer.data import load_pairs, make_batches
-    from keras_transformer.tokenizers import load_tokenizers
+    from keras_transformer.data.corpora import load_pairs
+    from keras_transformer.data.streams import make_batches
+    from keras_transformer.data.tokenizers import load_tokenizers
 
     index, count = (int(x) for x in args.shard.split("/"))
     config = experiment(args, cache=False)
@@ -198,9 +200,9 @@ def stage_train(args) -> dict:
     import numpy as np
 
     from keras_transformer import data as data_lib
-    from keras_transformer import training
-    from keras_transformer.runs import with_vocab_sizes
-    from keras_transformer.tokenizers import load_tokenizers
+    from keras_transformer.training import runner as training
+    from keras_transformer.runs.folder import with_vocab_sizes
+    from keras_transformer.data.tokenizers import load_tokenizers
 
     train_benchmark = load_sibling("train")
     config = experiment(args, tokens_per_batch=args.train_tokens_per_batch, cache=False)

@@ -133,7 +133,7 @@ def make_requests(sentences: Sequence[str], count: int, *, max_batch: int = 64,
 def load_signatures(model_dir) -> tuple[object, dict]:
     """(the loaded SavedModel, {name: batch of str -> Answer}) for SIGNATURE_NAMES. Keep the
     first alive as long as the functions are used (its variables go with it)."""
-    from keras_transformer.export import load_translator
+    from keras_transformer.export.savedmodel import load_translator
 
     loaded = load_translator(model_dir)
     return loaded, {name: _answering(loaded.signatures[name]) for name in SIGNATURE_NAMES}
@@ -141,7 +141,7 @@ def load_signatures(model_dir) -> tuple[object, dict]:
 
 def batches_requests(model_dir) -> bool:
     """Whether the export decodes concurrent requests together (its provenance says so)."""
-    from keras_transformer.export import read_provenance
+    from keras_transformer.export.savedmodel import read_provenance
 
     try:
         return bool(read_provenance(model_dir).get("request_batching"))
@@ -172,7 +172,7 @@ def _answering(signature) -> Signature:
 
 
 def export_run_to_temp(run_dir) -> Path:
-    from keras_transformer.export import export_run
+    from keras_transformer.export.savedmodel import export_run
 
     return export_run(run_dir, Path(tempfile.mkdtemp(prefix="serve_load_")) / "model")
 
@@ -191,7 +191,7 @@ def insane_answers(requests: Sequence[Sequence[str]], references: Mapping) -> li
     import numpy as np
     import tensorflow as tf
 
-    from keras_transformer.tokenizers import normalize_text
+    from keras_transformer.data.tokenizers import normalize_text
 
     sources = sorted({source for request in requests for source in request})
     normalized = normalize_text(tf.constant(sources, tf.string)).numpy() if sources else []
@@ -336,7 +336,7 @@ def main(argv=None) -> int:
     if args.intra_op:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra_op)
     from keras_transformer.config import ConfigError
-    from keras_transformer.text_io import first_line
+    from keras_transformer.data.text_io import first_line
 
     try:
         model_dir = export_run_to_temp(args.run) if args.run else Path(args.model)

@@ -157,7 +157,8 @@ def worker(args) -> dict:
     import tensorflow as tf
 
     from keras_transformer import data as data_lib
-    from keras_transformer import runs, training
+    from keras_transformer.runs import folder as runs
+    from keras_transformer.training import runner as training
     from keras_transformer.config import ExperimentConfig
 
     spec = with_overrides(CONFIGS[args.config], args.set or [])
@@ -392,7 +393,7 @@ def quality(args, config, dataset, source_tokenizer, target_tokenizer, warmup_st
     import numpy as np
 
     from keras_transformer import data as data_lib
-    from keras_transformer import training
+    from keras_transformer.training import runner as training
 
     config = dataclasses.replace(config, train=dataclasses.replace(
         config.train, warmup_steps=warmup_steps, learning_rate_scale=rate_scale))
@@ -545,7 +546,7 @@ def compare(reference: list, other: list, name: str = "best") -> list:
 
 def build_vocabulary(data_dir: str, vocab_dir: str) -> None:
     from keras_transformer.config import DataConfig
-    from keras_transformer.data import build_vocab
+    from keras_transformer.data.corpora import build_vocab
 
     build_vocab(DataConfig(dataset="files", data_dir=data_dir, source_lang="de",
                            target_lang="en", vocab_size=8000, max_pair_length=128), vocab_dir)

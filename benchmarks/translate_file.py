@@ -41,7 +41,7 @@ SEARCH_FLAGS = {"greedy": ["--greedy"], "beam": ["--beam", "4"], "sampling": ["-
 _DECODE = r"""
 import sys, time
 from keras_transformer import cli
-from keras_transformer.translator import translate_texts
+from keras_transformer.decoding.translator import translate_texts
 model, source, search, workers, batch_size = sys.argv[1:6]
 args = cli.build_parser().parse_args(
     ["translate", "--model", model, "--workers", workers] + sys.argv[6:])
@@ -124,7 +124,7 @@ def cpu_name() -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from keras_transformer.runs import Run
+    from keras_transformer.runs.folder import Run
 
     config = Run(args.run).config
     lang = args.lang or config.data.source_lang

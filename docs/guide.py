@@ -70,7 +70,8 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import keras_transformer as kt
-from keras_transformer import callbacks, data, layers
+from keras_transformer import data, layers
+from keras_transformer.training import callbacks
 from keras_transformer.config import REPO_ROOT
 
 tf.get_logger().setLevel("WARNING")  # no INFO lines from tf.distribute and tf.saved_model

@@ -31,7 +31,7 @@ echo "training wall time: $(( $(date +%s) - start )) s"
 # the file's resolved with its `base:` and the --set overrides above (such as data.source_lang).
 read -r SRC TGT VALID_SRC VALID_TGT TEST_SRC TEST_TGT < <("$BIN/python" -c "
 from keras_transformer.config import ExperimentConfig
-from keras_transformer.data import split_files
+from keras_transformer.data.corpora import split_files
 data = ExperimentConfig.from_yaml('$RUN/config.yaml').data
 langs = (data.source_lang, data.target_lang)
 files = [split_files(data.resolved_data_dir(), split, langs)

@@ -10,23 +10,25 @@ import importlib
 
 __version__ = "0.1.0"
 
-# public name -> the module that defines it, in the order of the data flow
+# public name -> the module that defines it (below the package: a stage's folder, then the
+# module), in the order of the data flow
 _EXPORTS = {
     "ConfigError": "config", "ModelConfig": "config", "DataConfig": "config",
     "TrainConfig": "config", "DecodeConfig": "config", "CorpusConfig": "config",
     "ModifiersConfig": "config", "ExperimentConfig": "config",
-    "load_tokenizers": "tokenizers", "build_tokenizers": "tokenizers",
-    "load_pairs": "data", "make_batches": "data",
+    "load_tokenizers": "data.tokenizers", "build_tokenizers": "data.tokenizers",
+    "load_pairs": "data.corpora", "make_batches": "data.streams",
     "Transformer": "model",
-    "MaskedLabelSmoothedCrossEntropy": "losses", "MaskedAccuracy": "losses",
-    "TransformerSchedule": "schedules", "create_optimizer": "schedules",
-    "Run": "runs",
-    "Translator": "translator", "translator_from_run": "translator",
-    "translate_texts": "translator", "translate_file": "bulk_translation",
-    "Shard": "bulk_translation",
-    "score": "evaluation",
-    "export_run": "export", "export_translator": "export", "load_translator": "export",
-    "train": "training",
+    "MaskedLabelSmoothedCrossEntropy": "training.losses", "MaskedAccuracy": "training.losses",
+    "TransformerSchedule": "training.schedules", "create_optimizer": "training.schedules",
+    "Run": "runs.folder",
+    "Translator": "decoding.translator", "translator_from_run": "decoding.translator",
+    "translate_texts": "decoding.translator", "translate_file": "decoding.bulk_translation",
+    "Shard": "decoding.bulk_translation",
+    "score": "decoding.evaluation",
+    "export_run": "export.savedmodel", "export_translator": "export.savedmodel",
+    "load_translator": "export.savedmodel",
+    "train": "training.runner",
 }
 
 __all__ = ["__version__", *_EXPORTS]

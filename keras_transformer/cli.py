@@ -37,7 +37,7 @@ import warnings
 
 from keras_transformer import __version__
 from keras_transformer.config import EXPORT_FORMATS, STOPPING_CHOICES, ConfigError
-from keras_transformer.text_io import DataError, first_line, one_line
+from keras_transformer.data.text_io import DataError, first_line, one_line
 
 # Errors that are the user's to fix: printed as one line, exit code 2. OSError holds
 # FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError and a SavedModel whose
@@ -55,7 +55,7 @@ def _info(args) -> int:
     import keras_transformer
     from keras_transformer.config import ModelConfig, preset_names
     from keras_transformer.model import count_parameters
-    from keras_transformer.training import resolve_precision
+    from keras_transformer.training.runner import resolve_precision
 
     if args.model:
         return _model_info(args.model)
@@ -84,7 +84,7 @@ def _info(args) -> int:
 def _model_info(model_dir) -> int:
     import json
 
-    from keras_transformer.export import read_provenance
+    from keras_transformer.export.savedmodel import read_provenance
 
     print(json.dumps(read_provenance(model_dir), indent=2))
     return 0
@@ -97,9 +97,9 @@ def _load_config(args):
 
 
 def _build_vocab(args) -> int:
-    from keras_transformer.data import build_vocab
-    from keras_transformer.runs import check_writable_folder
-    from keras_transformer.tokenizers import META_FILE
+    from keras_transformer.data.corpora import build_vocab
+    from keras_transformer.data.tokenizers import META_FILE
+    from keras_transformer.runs.folder import check_writable_folder
 
     config = _load_config(args)
     check_writable_folder(args.output, "--output")
@@ -113,7 +113,7 @@ def _build_vocab(args) -> int:
 
 
 def _data_stats(args) -> int:
-    from keras_transformer.data import data_stats
+    from keras_transformer.data.stats import data_stats
 
     print(format_data_stats(data_stats(_load_config(args).data, args.vocab)))
     return 0
@@ -170,7 +170,7 @@ def format_data_stats(stats: dict) -> str:
 
 
 def _train(args) -> int:
-    from keras_transformer import training
+    from keras_transformer.training import runner as training
 
     if args.logical_cpus:
         training.split_cpu(args.logical_cpus)
@@ -204,7 +204,7 @@ def _final_figures(history: dict) -> str:
 
 
 def _average(args) -> int:
-    from keras_transformer.runs import Run
+    from keras_transformer.runs.folder import Run
 
     path = Run(args.run_dir).average(args.last, args.output, upper_bound=args.upper_bound)
     bound = "" if args.upper_bound is None else f" up to epoch {args.upper_bound}"
@@ -213,7 +213,7 @@ def _average(args) -> int:
 
 
 def _export(args) -> int:
-    from keras_transformer.export import RequestBatching, export_run
+    from keras_transformer.export.savedmodel import RequestBatching, export_run
 
     batching = None if args.batching is None else RequestBatching(num_batch_threads=args.batching)
     path = export_run(args.run_dir, args.output, version=args.version, weights=args.weights,
@@ -320,7 +320,7 @@ def _one_thread_per_op(workers: int) -> None:
 def _check_exported_sampling(model_dir, module, sampling: dict) -> None:
     """ConfigError unless the SavedModel has `translate_sampling` with the --sampling-* values
     given (its settings are fixed at export, recorded in its provenance)."""
-    from keras_transformer.export import read_provenance
+    from keras_transformer.export.savedmodel import read_provenance
 
     if not hasattr(module, "translate_sampling"):
         raise ConfigError(f"--sampling: {model_dir} was exported before sampling existed; "
@@ -377,7 +377,7 @@ class _Progress:
 
 
 def _translate_lines(args, lines):
-    from keras_transformer.translator import translate_texts
+    from keras_transformer.decoding.translator import translate_texts
 
     prefixes = None
     if getattr(args, "prefix", None) is not None:
@@ -408,7 +408,7 @@ def _read_user_lines(path, command: str) -> list[str]:
     """`text_io.read_user_lines(path)` (None: standard input), its warnings about bytes that are
     not UTF-8 printed as one line each on stderr (`keras-transformer translate: warning:
     <stdin>:3: not valid UTF-8 ...`), at most MAX_WARNINGS, then their count."""
-    from keras_transformer.text_io import InvalidUtf8Warning, read_user_lines
+    from keras_transformer.data.text_io import InvalidUtf8Warning, read_user_lines
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InvalidUtf8Warning)
@@ -469,7 +469,7 @@ def _translate(args) -> int:
 
 def _align_lines(args, sources, targets) -> list[str]:
     """The `align` signature of the translating module over (source, translation) pairs."""
-    from keras_transformer.translator import align_texts
+    from keras_transformer.decoding.translator import align_texts
 
     module = _translator_module(args, **_sampling_settings(args))
     if not hasattr(module, "align"):
@@ -489,7 +489,7 @@ def _translate_nbest(args) -> int:
 
     import numpy as np
 
-    from keras_transformer.decoding import NEG_INF
+    from keras_transformer.decoding.strategies import NEG_INF
 
     if args.greedy or args.sampling:
         raise ConfigError("--nbest is beam search's n-best list: not with --greedy or --sampling")
@@ -541,12 +541,12 @@ def _load_translator_module(args, **decode_settings):
     guard = {key: getattr(args, key) for key in GUARD_FLAGS
              if getattr(args, key, None) is not None}
     if args.run_dir:
-        from keras_transformer.translator import translator_from_run
+        from keras_transformer.decoding.translator import translator_from_run
 
         return translator_from_run(args.run_dir, weights=args.weights or "best",
                                    beam_size=getattr(args, "beam", None), **decode_settings,
                                    **guard)
-    from keras_transformer.export import load_any, read_provenance
+    from keras_transformer.export.savedmodel import load_any, read_provenance
 
     if args.weights is not None:
         raise ConfigError(f"--weights {args.weights}: an export holds the weights it was made "
@@ -566,7 +566,7 @@ def _load_translator_module(args, **decode_settings):
 
 def _translate_file(args) -> int:
     """--source FILE --output FILE: `bulk_translation.translate_file`, resumable and sharded."""
-    from keras_transformer.bulk_translation import Shard, translate_file
+    from keras_transformer.decoding.bulk_translation import Shard, translate_file
 
     if args.source is None:
         raise ConfigError("--output is for --source FILE (standard input is not resumable)")
@@ -596,8 +596,8 @@ def _translate_file(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from keras_transformer.evaluation import score
-    from keras_transformer.text_io import write_lines
+    from keras_transformer.data.text_io import write_lines
+    from keras_transformer.decoding.evaluation import score
 
     _check_output_file(args.output, {"--source": args.source, "--reference": args.reference})
     sources, references = _read_aligned(args.source, args.reference, args.command)
@@ -613,8 +613,8 @@ def _evaluate(args) -> int:
 def _score(args) -> int:
     """One line per pair: log P(target | source), log P / lp (as beam search ranks), and the
     target's tokens (END included), tab-separated."""
-    from keras_transformer.text_io import write_lines
-    from keras_transformer.translator import score_texts
+    from keras_transformer.data.text_io import write_lines
+    from keras_transformer.decoding.translator import score_texts
 
     _check_output_file(args.output, {"--source": args.source, "--target": args.target})
     sources, targets = _read_aligned(args.source, args.target, args.command)
@@ -635,9 +635,9 @@ def _score(args) -> int:
 def _filter(args) -> int:
     """Writes the pairs of --source/--target that pass the rules to --output-source and
     --output-target (line-aligned, plain text), and one line of counts."""
-    from keras_transformer.corpus_filter import FilterCounts, FilterRules, filter_pairs, \
-        parse_score_line
-    from keras_transformer.text_io import write_lines
+    from keras_transformer.data.filtering import (FilterCounts, FilterRules, filter_pairs,
+                                                  parse_score_line)
+    from keras_transformer.data.text_io import write_lines
 
     rules = FilterRules(max_length_ratio=args.max_length_ratio, max_repeat=args.max_repeat,
                         min_score=args.min_score)
@@ -670,7 +670,7 @@ def _filter(args) -> int:
 def _tune_search(args) -> int:
     import json
 
-    from keras_transformer.translator import translator_from_run, tune_search
+    from keras_transformer.decoding.translator import translator_from_run, tune_search
 
     _check_output_file(args.output, {"--source": args.source, "--reference": args.reference})
     if args.patience is not None and args.stopping == ["exact"]:

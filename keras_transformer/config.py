@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 import yaml
 
-from keras_transformer.search_rules import STOPPING_RULES
+from keras_transformer.decoding.search_rules import STOPPING_RULES
 
 # Presets live with the experiments, beside the package in a source checkout.
 # `KERAS_TRANSFORMER_PRESETS` points elsewhere (e.g. for a non-editable install).
@@ -182,7 +182,7 @@ class CorpusConfig:
 
 @dataclasses.dataclass
 class ModifiersConfig:
-    """Robustness modifiers (`data.modifiers`, keras_transformer.modifiers): the share of
+    """Robustness modifiers (`data.modifiers`, keras_transformer.data.modifiers): the share of
     training pairs each changes, drawn anew every pass; 0 turns one off. OpusTrainer's
     modifiers (the Firefox Translations pipeline) and Marian's --all-caps-every. Validation,
     decoding and the export never modify."""
@@ -193,7 +193,7 @@ class ModifiersConfig:
     copy_spans: float = 0.0  # a number, name, URL or emoji inserted into both sides
     # upper_case and title_case change the target too, so that outputs keep the input's case
     # (OpusTrainer's and Marian's way; the model then learns capitals as a second target
-    # language, slowly: keras_transformer.modifiers)
+    # language, slowly: keras_transformer.data.modifiers)
     case_target: bool = False
 
     def __post_init__(self):
@@ -264,7 +264,7 @@ class DataConfig:
     # (`ModifiersConfig`); all 0 (off) by default.
     modifiers: ModifiersConfig = dataclasses.field(default_factory=ModifiersConfig)
     # Numbers, web addresses and emoji carried through translation by placeholder pieces
-    # (keras_transformer.placeholders): the vocabulary gets <ph0>...<ph7>, training masks the
+    # (keras_transformer.data.placeholders): the vocabulary gets <ph0>...<ph7>, training masks the
     # spans both sides of a pair have, translation masks the source's and puts them back.
     # sentencepiece only; a vocabulary built without them cannot be used with them.
     placeholders: bool = False
@@ -362,7 +362,7 @@ class TrainConfig:
     profile_batches: Optional[str] = None
     seed: int = 1234
     # Fine-tuning: start from the weights of this run folder (its best) or weight file, with a
-    # fresh optimizer and schedule; keras_transformer.fine_tuning. None: from scratch
+    # fresh optimizer and schedule; keras_transformer.training.fine_tuning. None: from scratch
     init_from: Optional[str] = None
 
     def __post_init__(self):
@@ -441,7 +441,7 @@ class DecodeConfig:
     # When beam search stops a sentence: "exact" (no alive hypothesis can beat the worst of
     # `beam_size` finished ones) or "beam_full" (once `patience * beam_size` hypotheses have
     # finished; patience 1 is what fairseq and CTranslate2 do by default); see
-    # keras_transformer.decoding.beam_search. Patience 2 scored "exact"'s validation BLEU or
+    # keras_transformer.decoding.strategies.beam_search. Patience 2 scored "exact"'s validation BLEU or
     # above it, in half its time at alpha 1.4; experiments/RESULTS.md "Decoding speed".
     stopping: str = "beam_full"
     patience: float = 2.0  # "beam_full" only

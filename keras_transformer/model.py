@@ -13,7 +13,8 @@ from keras_transformer.config import PAD_ID, ModelConfig, from_dict
 from keras_transformer.layers import Decoder, Encoder, PositionalEmbedding
 from keras_transformer.layers.attention import padding_bias
 from keras_transformer.layers.ops import Packing, value
-from keras_transformer.losses import sum_over_replicas, symmetric_kl_of_halves, target_weights
+from keras_transformer.training.losses import (sum_over_replicas, symmetric_kl_of_halves,
+                                               target_weights)
 
 
 @keras.saving.register_keras_serializable(package="keras_transformer")
@@ -38,7 +39,7 @@ class Transformer(keras.Model):
         >>> logits = model((source_ids, target_in_ids))
 
     Decoding reads `inference_weights` and calls `start_decoding` and `init_cache` once per
-    batch, then `decode_step` once per token (`keras_transformer.decoding` drives the loop).
+    batch, then `decode_step` once per token (`keras_transformer.decoding.strategies` drives the loop).
     """
 
     def __init__(self, config: ModelConfig | dict, **kwargs):

@@ -106,7 +106,7 @@ def short_multi30k_dir(multi30k_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def sentencepiece_vocab(multi30k_config, tmp_path_factory):
     """(DataConfig, vocab_dir) of a joint de+en 1,000-piece SentencePiece model on Multi30k train."""
-    from keras_transformer.data import build_vocab
+    from keras_transformer.data.corpora import build_vocab
 
     config = multi30k_config(tokenizer="sentencepiece")
     return config, built_once(tmp_path_factory, "sentencepiece_vocab",
@@ -116,7 +116,7 @@ def sentencepiece_vocab(multi30k_config, tmp_path_factory):
 @pytest.fixture(scope="module")
 def sentencepiece_tokenizers(sentencepiece_vocab):
     """(source, target) SentencePiece tokenizers (one joint model: the same object twice)."""
-    from keras_transformer.tokenizers import load_tokenizers
+    from keras_transformer.data.tokenizers import load_tokenizers
 
     return load_tokenizers(*sentencepiece_vocab)
 
@@ -125,8 +125,8 @@ def sentencepiece_tokenizers(sentencepiece_vocab):
 def wordpiece_vocab(multi30k_config, tmp_path_factory):
     """(DataConfig, vocab_dir) of case-preserving de and en WordPiece vocabularies (about 1,000
     tokens each) learned from the first 3,000 pairs of Multi30k train."""
-    from keras_transformer.data import load_pairs
-    from keras_transformer.tokenizers import build_tokenizers
+    from keras_transformer.data.corpora import load_pairs
+    from keras_transformer.data.tokenizers import build_tokenizers
 
     config = multi30k_config(tokenizer="wordpiece")
     return config, built_once(tmp_path_factory, "wordpiece_vocab", lambda folder: build_tokenizers(
@@ -135,7 +135,7 @@ def wordpiece_vocab(multi30k_config, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def wordpiece_tokenizers(wordpiece_vocab):
-    from keras_transformer.tokenizers import load_tokenizers
+    from keras_transformer.data.tokenizers import load_tokenizers
 
     return load_tokenizers(*wordpiece_vocab)
 
@@ -148,7 +148,7 @@ def random_translation_model(sentencepiece_tokenizers):
     that outputs have varied lengths (some empty, some at their cap) and the searches' early exits
     are used.
     """
-    from keras_transformer.tokenizers import END_ID
+    from keras_transformer.data.tokenizers import END_ID
     from helpers import seeded_tiny_model
 
     tokenizer = sentencepiece_tokenizers[0]
@@ -216,8 +216,8 @@ def read_only_dir(tmp_path):
 def random_export(random_translation_model, tmp_path_factory):
     """The random tiny model (beam 2) exported as a SavedModel, without warmup requests."""
     from keras_transformer.config import DecodeConfig
-    from keras_transformer.export import export_translator
-    from keras_transformer.translator import Translator
+    from keras_transformer.export.savedmodel import export_translator
+    from keras_transformer.decoding.translator import Translator
 
     model, tokenizer = random_translation_model
     translator = Translator(model, tokenizer, tokenizer,

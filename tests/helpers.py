@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from keras_transformer import legacy_weights
+from keras_transformer.runs import legacy_weights
 from keras_transformer.config import REPO_ROOT, ExperimentConfig
 
 

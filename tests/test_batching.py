@@ -12,9 +12,9 @@ import tensorflow as tf
 
 from keras_transformer import cli
 from keras_transformer.config import ConfigError, DecodeConfig
-from keras_transformer.export import (RequestBatching, export_translator, load_translator,
+from keras_transformer.export.savedmodel import (RequestBatching, export_translator, load_translator,
                                       read_provenance)
-from keras_transformer.translator import SIGNATURES, Translator, signature_arguments
+from keras_transformer.decoding.translator import SIGNATURES, Translator, signature_arguments
 from helpers import graph_ops, load_benchmark, seeded_tiny_model
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "", "Hallo",

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from keras_transformer.config import ModelConfig
-from keras_transformer.data import BatchStats
-from keras_transformer.schedules import TransformerSchedule
+from keras_transformer.data.streams import BatchStats
+from keras_transformer.training.schedules import TransformerSchedule
 from helpers import load_benchmark
 
 
@@ -314,7 +314,7 @@ def test_decode_reports_what_ctranslate2_chose_and_the_override(decode_bench,
     """A real CTranslate2 load in a subprocess: it reports the instruction set that the
     environment forces (AVX, which is no CPU's default here) and the variables set."""
     from keras_transformer.config import DecodeConfig
-    from keras_transformer.ctranslate2_export import export_ctranslate2
+    from keras_transformer.export.ctranslate2 import export_ctranslate2
 
     model, tokenizer = random_translation_model
     folder = export_ctranslate2(model, tokenizer, tokenizer, DecodeConfig(), tmp_path / "ct2")

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import cli
-from keras_transformer.bulk_translation import RESUME_SUFFIX, Shard, translate_file
+from keras_transformer.decoding.bulk_translation import RESUME_SUFFIX, Shard, translate_file
 from keras_transformer.config import ConfigError
 
 LINES = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Schnee.", "Hallo",
@@ -112,7 +112,7 @@ def test_a_killed_job_resumes_at_its_first_untranslated_line(random_run, corpus,
                                                              sampled_stdout):
     """Chunks of 4 lines; the job dies in its third chunk, after half a line was written: the
     next run cuts the half line, translates only what is missing, and the file is whole."""
-    from keras_transformer.translator import translator_from_run
+    from keras_transformer.decoding.translator import translator_from_run
 
     translator = translator_from_run(random_run)
     output = tmp_path / "out.en"
@@ -147,7 +147,7 @@ def test_a_second_job_into_the_same_output_is_refused_naming_the_first(
     second `translate --output`, started while the first translates its second chunk, is
     refused in one line naming the file and the first one's process; the first ends whole,
     its lock gone."""
-    from keras_transformer.translator import translator_from_run
+    from keras_transformer.decoding.translator import translator_from_run
 
     translator = translator_from_run(random_run)
     output = tmp_path / "out.en"
@@ -302,7 +302,7 @@ def test_the_file_benchmark_takes_unique_captions_in_file_order(tmp_path):
 def test_nbest_lists_in_moses_and_json_lines(random_export, random_run, monkeypatch, capsys):
     """`translate --nbest N`: N hypotheses per line, best first, the export's n-best; a line
     without words has the empty translation alone."""
-    from keras_transformer.export import load_translator
+    from keras_transformer.export.savedmodel import load_translator
 
     stdin = "".join(line + "\n" for line in LINES[:4]).encode()  # line 1 is empty
     code, out, err = run_cli(monkeypatch, capsys, ["translate", "--model", str(random_export),

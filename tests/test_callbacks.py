@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import callbacks
-from keras_transformer.callbacks import (StepSummaries, TrainingClock, attention_figure,
+from keras_transformer.training import callbacks
+from keras_transformer.training.callbacks import (StepSummaries, TrainingClock, attention_figure,
                                          figure_to_image)
 from keras_transformer.config import ConfigError, ExperimentConfig, TrainConfig
-from keras_transformer.runs import Run
+from keras_transformer.runs.folder import Run
 
 
 def read_scalars(folder) -> dict:
@@ -230,7 +230,7 @@ def test_attention_image_is_rgb_and_grows_with_the_heads():
 def test_the_epoch_logger_writes_one_plain_line_per_epoch_with_its_real_steps():
     import io
 
-    from keras_transformer.callbacks import EpochLogger
+    from keras_transformer.training.callbacks import EpochLogger
 
     stream = io.StringIO()
     logger = EpochLogger(8, 100, stream=stream)

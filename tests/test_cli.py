@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import cli
-from keras_transformer.training import resolve_precision
+from keras_transformer.training.runner import resolve_precision
 
 
 def test_info_prints_versions_and_preset_parameters(capsys):
@@ -126,8 +126,8 @@ def run_cli(monkeypatch, capsys, argv, stdin: bytes = b""):
 
 
 def expected_translations(export_dir, lines, function="translate_beam"):
-    from keras_transformer.export import load_translator
-    from keras_transformer.translator import translate_texts
+    from keras_transformer.export.savedmodel import load_translator
+    from keras_transformer.decoding.translator import translate_texts
 
     loaded = load_translator(export_dir)
     return translate_texts(getattr(loaded, function), lines)
@@ -308,7 +308,7 @@ def fake_run(tiny_experiment, tmp_path):
     over the session's 1,000-piece vocabulary), state.json and an untrained model's last
     weights, no best weights."""
     from keras_transformer.model import Transformer
-    from keras_transformer.runs import Run, save_weights
+    from keras_transformer.runs.folder import Run, save_weights
 
     config = tiny_experiment()
     config = dataclasses.replace(config, model=dataclasses.replace(
@@ -346,7 +346,7 @@ def test_config_mistakes_are_one_line_errors(tmp_path, capsys, text, override, m
 
 def test_train_output_that_is_a_file_or_not_writable_is_refused_before_any_work(
         tmp_path, read_only_dir, capsys, monkeypatch):
-    from keras_transformer import training
+    from keras_transformer.training import runner as training
 
     monkeypatch.setattr(training, "prepare_tokenizers", lambda *a: pytest.fail("work began"))
     config = tmp_path / "exp.yaml"
@@ -362,7 +362,7 @@ def test_train_output_that_is_a_file_or_not_writable_is_refused_before_any_work(
 
 
 def test_train_overwrite_flag_reaches_training(tmp_path, monkeypatch):
-    from keras_transformer import training
+    from keras_transformer.training import runner as training
 
     calls = []
     monkeypatch.setattr(training, "train", lambda config, output, **kwargs: calls.append(kwargs))
@@ -383,7 +383,7 @@ def test_negative_logical_cpus_is_refused_by_the_parser(tmp_path, capsys):
 
 def test_export_into_a_read_only_folder_is_refused_before_the_model_loads(
         fake_run, read_only_dir, tmp_path, capsys, monkeypatch):
-    from keras_transformer import export
+    from keras_transformer.export import savedmodel as export
 
     monkeypatch.setattr(export, "translator_from_run",
                         lambda *a, **k: pytest.fail("the model was loaded"))
@@ -519,7 +519,7 @@ def test_the_no_best_weights_notice_is_said_once(fake_run, tmp_path, caplog, cap
     import logging
 
     pytest.importorskip("ctranslate2")
-    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs.folder"):
         assert cli.main(["export", "--run", str(fake_run.path), "--format", "ctranslate2",
                          "--output", str(tmp_path / "ct2")]) == 0
     notices = [r for r in caplog.records if "has no best weights" in r.getMessage()]
@@ -529,7 +529,7 @@ def test_the_no_best_weights_notice_is_said_once(fake_run, tmp_path, caplog, cap
 def test_score_prints_one_line_per_pair(random_export, random_run, tmp_path, monkeypatch, capsys):
     """`score`: log P, log P / lp and tokens per pair, tab-separated, the same from an export
     and from the run; the best translation of a source scores above another source's."""
-    from keras_transformer.export import load_translator
+    from keras_transformer.export.savedmodel import load_translator
 
     sources = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "", "Hallo"]
     loaded = load_translator(random_export)  # kept: a collected module's variables are gone

@@ -61,7 +61,7 @@ def test_a_missing_private_tensorflow_function_fails_loudly(monkeypatch):
 def test_strategies_feed_their_replicas_without_tf_data_autotuning():
     """The per-device datasets tf.distribute reads `fit`'s batches through have autotuning off
     (`compat.device_datasets_without_autotuning`, applied by `make_strategy`)."""
-    from keras_transformer.training import make_strategy
+    from keras_transformer.training.runner import make_strategy
 
     for name in ("mirrored", "one_device"):
         strategy = make_strategy(name)

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import cli, training
+from keras_transformer import cli
+from keras_transformer.training import runner as training
 from keras_transformer import data as data_lib
 from keras_transformer.config import ConfigError, CorpusConfig, ExperimentConfig
-from keras_transformer.runs import Run
+from keras_transformer.runs.folder import Run
 
 
 class CountingStream:

@@ -8,7 +8,7 @@ import pytest
 
 from keras_transformer import cli
 from keras_transformer.config import ConfigError
-from keras_transformer.corpus_filter import (FilterCounts, FilterRules, broken_rule,
+from keras_transformer.data.filtering import (FilterCounts, FilterRules, broken_rule,
                                              filter_pairs, longest_repeat)
 
 PAIRS = [

@@ -17,21 +17,21 @@ pytest.importorskip("ctranslate2")
 from ctranslate2.specs.model_spec import OPTIONAL  # noqa: E402
 
 from keras_transformer.config import ConfigError, DecodeConfig, ModelConfig  # noqa: E402
-from keras_transformer.ctranslate2_export import (  # noqa: E402
+from keras_transformer.export.ctranslate2 import (  # noqa: E402
     KerasTransformerConverter,
     export_ctranslate2,
 )
-from keras_transformer.ctranslate2_translator import (  # noqa: E402
+from keras_transformer.export.ctranslate2_runtime import (  # noqa: E402
     _cut,
     SETTINGS_FILE,
     CTranslate2Translator,
 )
-from keras_transformer.decoding import NEG_INF, PAD_ID  # noqa: E402
+from keras_transformer.decoding.strategies import NEG_INF, PAD_ID  # noqa: E402
 from keras_transformer.layers import positional_encoding  # noqa: E402
 from keras_transformer.model import Transformer  # noqa: E402
-from keras_transformer.text_normalization import NORMALIZATION  # noqa: E402
-from keras_transformer.tokenizers import END_ID  # noqa: E402
-from keras_transformer.translator import Translator  # noqa: E402
+from keras_transformer.data.text_normalization import NORMALIZATION  # noqa: E402
+from keras_transformer.data.tokenizers import END_ID  # noqa: E402
+from keras_transformer.decoding.translator import Translator  # noqa: E402
 from helpers import seeded_tiny_model  # noqa: E402
 
 MAX_LENGTH = 24  # both test models' max_positions
@@ -292,7 +292,7 @@ def test_beam_rounds_give_the_search_to_the_cap(random_translation_model, tmp_pa
 
 
 def test_settings_file_and_layout(random_translation_model, tmp_path):
-    from keras_transformer.text_io import file_sha256
+    from keras_transformer.data.text_io import file_sha256
 
     model, tokenizer = random_translation_model
     folder = export(model, tokenizer, tmp_path / "ct2", quantization="float32",
@@ -537,7 +537,7 @@ def test_cli_exports_ctranslate2_and_translates_with_either_export(random_run, t
     record = json.loads(out)
     assert code == 0 and record["format"] == "ctranslate2" and record["beam_size"] == 2
     # Each export names the weight file it came from with its SHA-256 (`sha256sum` finds it).
-    from keras_transformer.text_io import file_sha256
+    from keras_transformer.data.text_io import file_sha256
 
     weights_sha256 = file_sha256(random_run / "best.weights.h5")
     assert record["weights_file"].endswith("best.weights.h5")
@@ -645,14 +645,14 @@ def test_a_damaged_export_is_a_config_error_naming_the_folder(random_translation
 
 def test_every_configurable_activation_converts():
     from keras_transformer.config import ACTIVATIONS
-    from keras_transformer.ctranslate2_export import CTRANSLATE2_ACTIVATIONS
+    from keras_transformer.export.ctranslate2 import CTRANSLATE2_ACTIVATIONS
 
     assert set(CTRANSLATE2_ACTIVATIONS) == set(ACTIVATIONS)
 
 
 def test_the_export_records_model_bins_checksum_and_older_exports_load(random_translation_model,
                                                                        tmp_path):
-    from keras_transformer.text_io import file_sha256
+    from keras_transformer.data.text_io import file_sha256
 
     model, tokenizer = random_translation_model
     folder = export(model, tokenizer, tmp_path / "ct2")
@@ -665,7 +665,7 @@ def test_the_export_records_model_bins_checksum_and_older_exports_load(random_tr
     assert list(got["translation"]) == list(expected["translation"])
 
 
-NO_TENSORFLOW = ("import sys, keras_transformer.ctranslate2_translator; "
+NO_TENSORFLOW = ("import sys, keras_transformer.export.ctranslate2_runtime; "
                  "assert not any(m.split('.')[0] in ('tensorflow', 'keras', 'tensorflow_text') "
                  "for m in sys.modules)")
 
@@ -682,7 +682,7 @@ def test_the_runtime_translates_without_tensorflow(random_translation_model, tmp
     sources = ["\ufeffEin Mann\tfährt Fahrrad.", "Zwei\u00a0Hunde spielen im Schnee.", ""]
     code = textwrap.dedent(f"""
         import json, sys
-        from keras_transformer.ctranslate2_translator import CTranslate2Translator
+        from keras_transformer.export.ctranslate2_runtime import CTranslate2Translator
         result = CTranslate2Translator(sys.argv[1]).translate_beam(json.loads(sys.argv[2]))
         {NO_TENSORFLOW.split("; ", 1)[1]}
         print(json.dumps([t.decode("utf-8") for t in result["translation"]]))

@@ -13,14 +13,17 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from keras_transformer import multi30k
+from keras_transformer.data import multi30k
 from keras_transformer.cli import format_data_stats
 from keras_transformer.config import DATA_ENV, REPO_ROOT, ConfigError, DataConfig, ExperimentConfig
-from keras_transformer.data import (DataError, batch_stats, bucket_batch_sizes, bucket_lengths,
-                                    check_parallel_files, fixed_size_batches, group_batches,
-                                    load_pairs, make_batches, pair_stats, read_parallel_lines,
-                                    split_files, data_stats, TrainingStream)
-from keras_transformer.tokenizers import END_ID, PAD_ID, START_ID, training_tokenizers
+from keras_transformer.data.corpora import (DataError, check_parallel_files, load_pairs,
+                                            pair_stats, split_files)
+from keras_transformer.data.stats import data_stats
+from keras_transformer.data.streams import (TrainingStream, batch_stats, bucket_batch_sizes,
+                                            bucket_lengths, fixed_size_batches, group_batches,
+                                            make_batches)
+from keras_transformer.data.text_io import read_parallel_lines
+from keras_transformer.data.tokenizers import END_ID, PAD_ID, START_ID, training_tokenizers
 
 tfds.display_progress_bar(False)
 
@@ -421,7 +424,7 @@ def test_data_stats_report(sentencepiece_vocab, multi30k_dir):
 def test_read_lines_reads_plain_and_gzip_alike(tmp_path):
     import gzip
 
-    from keras_transformer.text_io import read_lines
+    from keras_transformer.data.text_io import read_lines
 
     text = "Ein Hund.\r\nZwei Katzen.\n\nÄrger.\n"
     (tmp_path / "a.txt").write_text(text, encoding="utf-8", newline="")
@@ -434,7 +437,7 @@ def test_read_lines_reads_plain_and_gzip_alike(tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupt_body", "bad_method"])
 def test_a_damaged_gzip_file_is_a_data_error_naming_it(tmp_path, damage):
-    from keras_transformer.text_io import read_lines, read_user_lines
+    from keras_transformer.data.text_io import read_lines, read_user_lines
 
     data = gzip.compress(("Ein Hund.\n" * 2000).encode())
     if damage == "truncated":

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import decoding
+from keras_transformer.decoding import strategies as decoding
 from keras_transformer.config import DecodeConfig
 
 START, END = 1, 2

@@ -9,10 +9,11 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import MaskedLabelSmoothedCrossEntropy, ModelConfig, Transformer
-from keras_transformer import callbacks, compat
+from keras_transformer import compat
+from keras_transformer.training import callbacks
 from keras_transformer.config import ConfigError
-from keras_transformer.losses import TargetTokens
-from keras_transformer.training import build_compiled_state, make_strategy
+from keras_transformer.training.losses import TargetTokens
+from keras_transformer.training.runner import build_compiled_state, make_strategy
 
 from helpers import read_events
 
@@ -142,7 +143,7 @@ def test_rdrop_update_under_dropout_weighs_the_kl_by_half_alpha():
     """With dropout, one R-Drop step's update equals the gradient of the mean cross-entropy
     over both copies + alpha / 2 x the mean `symmetric_kl` between them, computed here from
     one forward pass over the repeated batch with the same dropout masks (the same seeds)."""
-    from keras_transformer.losses import symmetric_kl
+    from keras_transformer.training.losses import symmetric_kl
 
     config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB, target_vocab_size=VOCAB)
     reference = Transformer(config)
@@ -186,7 +187,7 @@ def test_rdrop_refuses_grouped_batches_and_a_negative_weight():
 
 def test_split_cpu_is_idempotent_and_refuses_a_late_change():
     from keras_transformer.config import ConfigError
-    from keras_transformer.training import split_cpu
+    from keras_transformer.training.runner import split_cpu
 
     split_cpu(2)  # what conftest.py set: nothing to do
     assert len(tf.config.list_logical_devices("CPU")) == 2
@@ -212,7 +213,7 @@ def losses_over_two_batches(strategy, initial_weights):
 def test_reported_losses_are_the_mean_over_all_target_tokens():
     """Keras would weight each batch's mean by its sentences; fit and evaluate report the mean
     over every target token, on one device and on two replicas."""
-    from keras_transformer.losses import label_smoothed_cross_entropy
+    from keras_transformer.training.losses import label_smoothed_cross_entropy
 
     config = ModelConfig.from_preset("tiny", source_vocab_size=VOCAB, target_vocab_size=VOCAB)
     reference = Transformer(config)

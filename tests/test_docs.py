@@ -164,7 +164,7 @@ def test_every_cli_subcommand_appears_with_its_options(html_dir):
 
 
 def test_every_savedmodel_signature_has_its_row(html_dir):
-    from keras_transformer.translator import SIGNATURE_INPUT, SIGNATURES
+    from keras_transformer.decoding.translator import SIGNATURE_INPUT, SIGNATURES
 
     source = page(html_dir, "savedmodel")
     assert table_rows(source) == list(SIGNATURES)

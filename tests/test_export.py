@@ -15,11 +15,11 @@ import tensorflow as tf
 
 from keras_transformer import cli
 from keras_transformer.config import ConfigError, DecodeConfig, ExperimentConfig
-from keras_transformer.decoding import NEG_INF
-from keras_transformer.tokenizers import SERVING_TF_TEXT_OPS
-from keras_transformer.export import WARMUP_FILE, export_translator, load_translator
+from keras_transformer.decoding.strategies import NEG_INF
+from keras_transformer.data.tokenizers import SERVING_TF_TEXT_OPS
+from keras_transformer.export.savedmodel import WARMUP_FILE, export_translator, load_translator
 from keras_transformer.model import Transformer
-from keras_transformer.translator import (SIGNATURE_INPUT, SIGNATURES, Translator,
+from keras_transformer.decoding.translator import (SIGNATURE_INPUT, SIGNATURES, Translator,
                                           signature_arguments, signature_inputs)
 from helpers import graph_ops, load_benchmark
 
@@ -414,7 +414,7 @@ def test_an_export_whose_vocabulary_was_swapped_is_refused_by_name(random_export
 
     from sentencepiece import sentencepiece_model_pb2
 
-    from keras_transformer.text_io import file_sha256
+    from keras_transformer.data.text_io import file_sha256
 
     copy = tmp_path / "1"
     shutil.copytree(random_export, copy)
@@ -460,7 +460,7 @@ def varied_run_dir(random_run, random_translation_model, tmp_path_factory):
     tune-search test's grid gives other, non-empty outputs for its sentences."""
     import shutil
 
-    from keras_transformer.tokenizers import END_ID
+    from keras_transformer.data.tokenizers import END_ID
 
     model, _ = random_translation_model
     original = model.final_layer.bias.numpy()
@@ -482,9 +482,9 @@ def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
     outputs decoded separately. Bad input is refused."""
     import json
 
-    from keras_transformer.evaluation import score
-    from keras_transformer.translator import translate_texts
-    from keras_transformer.translator import translator_from_run
+    from keras_transformer.decoding.evaluation import score
+    from keras_transformer.decoding.translator import translate_texts
+    from keras_transformer.decoding.translator import translator_from_run
 
     random_run = varied_run_dir
     grid = [(1, 0.0), (1, 1.5), (3, 0.0), (3, 1.5)]
@@ -533,8 +533,8 @@ def test_cli_tune_search_compares_stopping_rules(varied_run_dir, tmp_path):
     per rule and patience, scored on that rule's own outputs."""
     import json
 
-    from keras_transformer.evaluation import score
-    from keras_transformer.translator import Translator, translate_texts, translator_from_run
+    from keras_transformer.decoding.evaluation import score
+    from keras_transformer.decoding.translator import Translator, translate_texts, translator_from_run
 
     sources = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt Fahrrad.", "Eine Frau singt."]
     base = translator_from_run(varied_run_dir, beam_size=3, alpha=1.5)
@@ -574,7 +574,7 @@ def wordpiece_run(wordpiece_vocab, short_multi30k_dir, tmp_path_factory):
     """A tiny run trained for two steps with case-preserving WordPiece vocabularies, one per
     language (so only the decoder's embedding is tied to the output projection)."""
 
-    from keras_transformer import training
+    from keras_transformer.training import runner as training
     from keras_transformer.config import ModelConfig, TrainConfig
 
     data_config, vocab_dir = wordpiece_vocab
@@ -595,7 +595,7 @@ def test_wordpiece_run_exports_and_translates_after_reloading(wordpiece_run, tmp
     """Train -> export (CLI) -> reload in a fresh process -> translate, with WordPiece: the
     reloaded signatures give the eager Translator's outputs, the vocabularies travel as assets,
     and the graph's tokenizer ops are WordPiece ones that TF Serving links."""
-    from keras_transformer.translator import translator_from_run
+    from keras_transformer.decoding.translator import translator_from_run
 
     models = tmp_path / "saved_models" / "wordpiece"
     code, out, err = run_cli(["export", "--run", str(wordpiece_run), "--output", str(models)])
@@ -635,7 +635,7 @@ import json, sys
 sys.path.insert(0, sys.argv[2])
 import numpy as np
 import tensorflow as tf
-from keras_transformer import decoding
+from keras_transformer.decoding import strategies as decoding
 
 
 @decoding.register_strategy("second_best")  # the one line a new strategy adds
@@ -651,9 +651,9 @@ class SecondBest(decoding.GreedySearch):
 
 from helpers import seeded_tiny_model
 from keras_transformer.config import DecodeConfig
-from keras_transformer.export import export_translator, load_translator
-from keras_transformer.tokenizers import SentencePieceTokenizer
-from keras_transformer.translator import Translator
+from keras_transformer.export.savedmodel import export_translator, load_translator
+from keras_transformer.data.tokenizers import SentencePieceTokenizer
+from keras_transformer.decoding.translator import Translator
 
 tokenizer = SentencePieceTokenizer(sys.argv[1] + "/sentencepiece.model")
 model = seeded_tiny_model(tokenizer, seed=3, output_scale=3.0)
@@ -750,7 +750,7 @@ def test_two_exports_into_one_model_folder_at_once_get_two_versions(random_run, 
     import threading
     import time
 
-    from keras_transformer import export
+    from keras_transformer.export import savedmodel as export
 
     root = tmp_path / "conc"
     save, second = tf.saved_model.save, {}
@@ -773,7 +773,7 @@ def test_two_exports_into_one_model_folder_at_once_get_two_versions(random_run, 
         return save(*args, **kwargs)
 
     monkeypatch.setattr(tf.saved_model, "save", first_save)
-    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs.folder"):
         first = export.export_run(random_run, root)
         thread.join(timeout=600)
     assert waiting in caplog.text
@@ -790,7 +790,7 @@ def test_a_ctranslate2_export_whose_folder_another_wrote_meanwhile_is_one_line(
     refused in one line naming the folder (it failed with "Directory not empty"), and the
     other's export is left as it was."""
     pytest.importorskip("ctranslate2")
-    from keras_transformer import ctranslate2_export
+    from keras_transformer.export import ctranslate2 as ctranslate2_export
 
     output = tmp_path / "ct2"
     sha256 = ctranslate2_export.file_sha256

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import cli, training
+from keras_transformer import cli
+from keras_transformer.training import runner as training
 from keras_transformer import data as data_lib
 from keras_transformer.config import ConfigError
-from keras_transformer.export import export_run, read_provenance
-from keras_transformer.fine_tuning import INIT_FILE, initialize_from, parent_of
+from keras_transformer.export.savedmodel import export_run, read_provenance
+from keras_transformer.training.fine_tuning import INIT_FILE, initialize_from, parent_of
 from keras_transformer.model import Transformer
-from keras_transformer.runs import Run
+from keras_transformer.runs.folder import Run
 
 
 def fresh_model(model_config, **overrides) -> Transformer:

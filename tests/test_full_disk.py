@@ -102,7 +102,7 @@ def test_savedmodel_export_onto_a_full_disk(random_run, tmp_path, monkeypatch, c
 
 def test_ctranslate2_export_onto_a_full_disk(random_run, tmp_path, monkeypatch, capsys):
     pytest.importorskip("ctranslate2")
-    from keras_transformer import ctranslate2_export
+    from keras_transformer.export import ctranslate2 as ctranslate2_export
 
     def fail(*args, **kwargs):
         raise no_space()
@@ -130,7 +130,7 @@ def run_with_checkpoint(random_run, tmp_path):
     """A copy of `random_run` with its weights as epoch 1's checkpoint."""
     import shutil
 
-    from keras_transformer.runs import Run, save_weights
+    from keras_transformer.runs.folder import Run, save_weights
 
     shutil.copytree(random_run, tmp_path / "run")
     run = Run(tmp_path / "run")
@@ -169,7 +169,7 @@ def test_average_onto_a_real_full_disk(run_with_checkpoint, small_filesystem, ca
 def test_evaluate_prints_its_scores_before_a_full_disk_refuses_the_output(
         random_export, tmp_path, monkeypatch, capsys):
     """The scores are printed; the hypotheses file is whole or absent (it was left empty)."""
-    from keras_transformer import text_io
+    from keras_transformer.data import text_io
 
     source = tmp_path / "source.txt"
     source.write_text("Ein Hund.\nZwei Hunde.\n")
@@ -258,7 +258,7 @@ def test_translate_output_that_fills_the_disk_part_way_resumes_once_there_is_roo
     """The disk fills part-way through a chunk (whole lines written, then a cut one): one
     line naming the output, the lines and the record kept; run again, the job resumes and the
     file is whole."""
-    from keras_transformer import bulk_translation
+    from keras_transformer.decoding import bulk_translation
 
     job, expected = translate_job
     argv, output = job(tmp_path)
@@ -299,7 +299,7 @@ def test_translate_output_that_fills_the_disk_part_way_resumes_once_there_is_roo
 @pytest.mark.parametrize("failure", ["full_disk", "vocab_size_5"])
 def test_build_vocab_that_fails_leaves_no_folder(multi30k_dir, tmp_path, monkeypatch, capsys,
                                                  failure):
-    from keras_transformer import tokenizers
+    from keras_transformer.data import tokenizers
 
     config = tmp_path / "exp.yaml"
     size = 5 if failure == "vocab_size_5" else 600
@@ -342,7 +342,7 @@ def test_a_checkpoint_or_log_onto_a_full_disk_stops_training_and_keeps_the_last_
     run's TensorBoard logs do."""
     from helpers import write_config
 
-    from keras_transformer.runs import Run, verify_weights
+    from keras_transformer.runs.folder import Run, verify_weights
 
     config = tiny_experiment(validation_bleu_sentences=0, strategy="one_device")
     path = write_config(dataclasses.replace(config, name="full"), tmp_path / "exp.yaml")
@@ -389,7 +389,7 @@ def test_a_checkpoint_or_log_onto_a_full_disk_stops_training_and_keeps_the_last_
     (FileNotFoundError(errno.ENOENT, "No such file or directory"), None),
     (RuntimeError("a bug"), None)])
 def test_only_the_file_systems_refusals_count_as_write_errors(error, code):
-    from keras_transformer.text_io import errno_of, write_error
+    from keras_transformer.data.text_io import errno_of, write_error
 
     assert errno_of(error) == code
     if code:

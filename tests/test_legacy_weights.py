@@ -6,11 +6,11 @@ import h5py
 import numpy as np
 import pytest
 
-from keras_transformer import legacy_weights
+from keras_transformer.runs import legacy_weights
 from keras_transformer.config import ExperimentConfig
 from keras_transformer.model import Transformer
-from keras_transformer.runs import load_weights, save_weights
-from keras_transformer.training import build_model
+from keras_transformer.runs.folder import load_weights, save_weights
+from keras_transformer.training.runner import build_model
 from tests.helpers import REPO_ROOT
 
 DATA = REPO_ROOT / "tests" / "data" / "legacy_weights"

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
-from keras_transformer.losses import symmetric_kl, symmetric_kl_of_halves
+from keras_transformer.training.losses import symmetric_kl, symmetric_kl_of_halves
 
 
 def example(seed=0, vocab=11):

@@ -252,7 +252,7 @@ def test_decode_steps_equal_teacher_forcing(config):
 def test_decode_step_shares_each_sentences_memory_among_its_beams():
     """With `beams=k`, k consecutive rows of ids read one row of the memory: the logits of the
     memory tiled to every row."""
-    from keras_transformer.decoding import tile_beams
+    from keras_transformer.decoding.strategies import tile_beams
 
     model = Transformer(tiny())
     source, target = random_batch(seed=5)

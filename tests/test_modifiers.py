@@ -1,4 +1,4 @@
-"""The training-pair modifiers (`keras_transformer.modifiers`, `data.modifiers`): what each does
+"""The training-pair modifiers (`keras_transformer.data.modifiers`, `data.modifiers`): what each does
 to a pair, that the draws are seeded, and that a training stream applies them anew every pass
 and only to training batches."""
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from keras_transformer import modifiers
+from keras_transformer.data import modifiers
 from keras_transformer.config import ConfigError, DataConfig, ExperimentConfig, ModifiersConfig
 
 SOURCE = "Ein Mann mit einem orangefarbenen Hut starrt auf etwas."

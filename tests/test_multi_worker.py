@@ -15,10 +15,10 @@ import pytest
 
 from keras_transformer import data as data_lib
 from keras_transformer.config import ConfigError
-from keras_transformer.runs import Run
-from keras_transformer.text_io import read_parallel_lines
-from keras_transformer.tokenizers import load_tokenizers
-from keras_transformer.training import check_shared_vocabulary
+from keras_transformer.runs.folder import Run
+from keras_transformer.data.text_io import read_parallel_lines
+from keras_transformer.data.tokenizers import load_tokenizers
+from keras_transformer.training.runner import check_shared_vocabulary
 
 from helpers import read_events
 

@@ -1,4 +1,4 @@
-"""Placeholders (`keras_transformer.placeholders`, `data.placeholders`): which spans are masked,
+"""Placeholders (`keras_transformer.data.placeholders`, `data.placeholders`): which spans are masked,
 that the graph's twin masks and unmasks byte for byte as Python does, that training masks the
 spans a pair shares, and that a translator over a vocabulary with placeholders puts the
 source's spans into its outputs (SavedModel and CTranslate2 alike)."""
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import modifiers, placeholders
+from keras_transformer.data import modifiers
+from keras_transformer.data import placeholders
 from keras_transformer.config import ConfigError, DataConfig
 
 MIXED = [
@@ -83,7 +84,7 @@ def test_a_training_pair_masks_the_spans_both_sides_have():
 
 
 def test_the_graph_masks_and_unmasks_byte_for_byte_as_python():
-    from keras_transformer.tokenizers import mask_spans, unmask_spans, normalize_text
+    from keras_transformer.data.tokenizers import mask_spans, unmask_spans, normalize_text
 
     texts = MIXED + random_texts()
     normalized = [t.decode() for t in normalize_text(tf.constant(texts)).numpy()]
@@ -119,7 +120,7 @@ def test_placeholders_need_sentencepiece():
 def placeholder_vocab(multi30k_config, tmp_path_factory):
     """(DataConfig, vocab_dir) of the 1,000-piece joint vocabulary built with placeholders."""
     from conftest import built_once
-    from keras_transformer.data import build_vocab
+    from keras_transformer.data.corpora import build_vocab
 
     config = multi30k_config(tokenizer="sentencepiece", placeholders=True)
     return config, built_once(tmp_path_factory, "placeholder_vocab",
@@ -128,7 +129,7 @@ def placeholder_vocab(multi30k_config, tmp_path_factory):
 
 def test_a_vocabulary_built_with_placeholders_has_each_as_one_piece(
         placeholder_vocab, sentencepiece_vocab, sentencepiece_tokenizers):
-    from keras_transformer.tokenizers import load_tokenizers
+    from keras_transformer.data.tokenizers import load_tokenizers
 
     tokenizer, _ = load_tokenizers(*placeholder_vocab)
     assert tokenizer.placeholders and not sentencepiece_tokenizers[0].placeholders
@@ -142,7 +143,7 @@ def test_a_vocabulary_built_with_placeholders_has_each_as_one_piece(
 
 def test_a_training_stream_masks_the_spans_a_pair_shares(placeholder_vocab):
     from keras_transformer import data as data_lib
-    from keras_transformer.tokenizers import load_tokenizers
+    from keras_transformer.data.tokenizers import load_tokenizers
 
     config, vocab_dir = placeholder_vocab
     config = DataConfig(**{**vars(config), "carry_remainders": False})
@@ -163,7 +164,7 @@ def placeholder_model(placeholder_vocab):
     """(model, tokenizer): a random tiny Transformer over the placeholder vocabulary whose
     outputs are mostly placeholders: <ph0>'s and <ph1>'s logits raised, END's lowered."""
     from helpers import seeded_tiny_model
-    from keras_transformer.tokenizers import END_ID, load_tokenizers
+    from keras_transformer.data.tokenizers import END_ID, load_tokenizers
 
     tokenizer, _ = load_tokenizers(*placeholder_vocab)
     model = seeded_tiny_model(tokenizer, seed=5, output_scale=2.0)
@@ -180,7 +181,7 @@ SOURCES = ["Um 14:30 kamen 3 Hunde 😊", "Ein Hund läuft.", "", "www.x.de 7"]
 
 def test_a_translator_puts_the_sources_spans_into_every_output(placeholder_model):
     from keras_transformer.config import DecodeConfig
-    from keras_transformer.translator import Translator
+    from keras_transformer.decoding.translator import Translator
 
     model, tokenizer = placeholder_model
     translator = Translator(model, tokenizer, tokenizer, DecodeConfig(beam_size=3))
@@ -205,9 +206,9 @@ def test_the_ctranslate2_runtime_puts_the_spans_back_as_the_savedmodel_does(plac
                                                                            tmp_path):
     pytest.importorskip("ctranslate2")
     from keras_transformer.config import DecodeConfig
-    from keras_transformer.ctranslate2_export import export_ctranslate2
-    from keras_transformer.ctranslate2_translator import CTranslate2Translator
-    from keras_transformer.translator import Translator
+    from keras_transformer.export.ctranslate2 import export_ctranslate2
+    from keras_transformer.export.ctranslate2_runtime import CTranslate2Translator
+    from keras_transformer.decoding.translator import Translator
 
     model, tokenizer = placeholder_model
     decode_config = DecodeConfig(beam_size=3, max_extra_length=6, stopping="exact")

@@ -41,7 +41,7 @@ def test_the_readme_has_its_two_python_examples():
 def test_the_stages_one_by_one_run_and_export(in_empty_folder, capsys):
     import tensorflow as tf
 
-    from keras_transformer.export import load_translator
+    from keras_transformer.export.savedmodel import load_translator
 
     code = shrink(python_examples("From Python")[0], {
         'vocab_size=8000': 'vocab_size=1000, vocab_sample_sentences=4000',

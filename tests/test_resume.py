@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import cli, training
+from keras_transformer import cli
+from keras_transformer.training import runner as training
 from keras_transformer import data as data_lib
 from keras_transformer.config import ConfigError, ExperimentConfig
-from keras_transformer.runs import Run
-from keras_transformer.tokenizers import load_tokenizers
+from keras_transformer.runs.folder import Run
+from keras_transformer.data.tokenizers import load_tokenizers
 from helpers import read_events, write_config
 
 
@@ -87,7 +88,7 @@ def test_a_damaged_checkpoint_is_named_and_training_goes_on_from_the_one_before(
     shutil.copytree(uninterrupted_run, run_dir)
     checkpoint = run_dir / "checkpoints" / "epoch_003.weights.h5"
     truncate(checkpoint)
-    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs.folder"):
         history = training.train(resumable_config(tiny_experiment, 4), run_dir, verbose=0)
     assert f"{checkpoint} is damaged (Unable to synchronously open file (truncated" in caplog.text
     assert (f"resuming from {run_dir / 'checkpoints' / 'epoch_002.weights.h5'}, the newest "

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from keras_transformer import modifiers
+from keras_transformer.data import modifiers
 from helpers import load_benchmark
 
 

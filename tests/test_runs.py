@@ -1,4 +1,4 @@
-"""The run folder (`keras_transformer.runs`) without training: whole-or-nothing writes, weight
+"""The run folder (`keras_transformer.runs.folder`) without training: whole-or-nothing writes, weight
 files that carry their model config, the run's state, refusing and overwriting another run,
 falling back from a damaged checkpoint."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from keras_transformer import runs
+from keras_transformer.runs import folder as runs
 from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig, TrainConfig
 from keras_transformer.model import Transformer
-from keras_transformer.runs import DamagedWeightsError, Run
+from keras_transformer.runs.folder import DamagedWeightsError, Run
 
 
 def tiny_config(**train) -> ExperimentConfig:
@@ -26,7 +26,7 @@ def tiny_config(**train) -> ExperimentConfig:
 
 def compiled_model(config: ExperimentConfig, seed: int = 0) -> Transformer:
     """A compiled tiny model with a built optimizer, its weights drawn from `seed`."""
-    from keras_transformer.training import build_model
+    from keras_transformer.training.runner import build_model
 
     model = build_model(config)
     rng = np.random.default_rng(seed)
@@ -248,7 +248,7 @@ def restored_past_epoch_2(run, models, caplog, damage: str):
     """`run.restore` of a fresh model, asserting that it passed over the damaged checkpoint 2
     (the log names it and `damage`) to epoch 1's weights; returns the model."""
     model = compiled_model(run.config, seed=9)
-    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs.folder"):
         assert run.restore(model) == 1
     assert f"{run.checkpoint_file(2)} is damaged ({damage}" in caplog.text
     for got, want in zip(model.get_weights(), models[0][0]):
@@ -314,7 +314,7 @@ def test_another_run_is_refused_without_overwrite_and_deleted_with_it(run_with_t
                                           r"or add --overwrite"):
         Run.create(other, run.path)
     assert snapshot(run.path) == before
-    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs.folder"):
         Run.create(other, run.path, overwrite=True)
     assert sorted(p.name for p in run.path.iterdir()) == ["notes.txt"]
     assert (f"deleted the previous run in {run.path} (--overwrite): config.yaml, state.json, "
@@ -442,7 +442,7 @@ def test_average_refuses_a_damaged_checkpoint_and_averages_the_others(run_with_t
 
 def test_weights_trained_with_another_vocabulary_of_the_same_size_are_refused(tmp_path):
     """The shapes fit, so nothing else would notice: every id would stand for another piece."""
-    from keras_transformer.tokenizers import META_FILE
+    from keras_transformer.data.tokenizers import META_FILE
 
     config = tiny_config()
     runs_ = {}
@@ -501,7 +501,7 @@ def test_a_runs_config_reads_its_paths_relative_to_itself_and_moves_with_the_fol
     monkeypatch.chdir(tmp_path)
     (moved / "config.yaml").write_text(text.replace(f"vocab_dir: {shared}",
                                                     "vocab_dir: shared_vocab"))
-    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs"):
+    with caplog.at_level(logging.WARNING, logger="keras_transformer.runs.folder"):
         assert Run(moved).vocab_dir == Path("shared_vocab")
     assert (f"{moved / 'config.yaml'}: data.vocab_dir shared_vocab is read from the working "
             "directory, as runs saved before paths were read relative to the config file gave "

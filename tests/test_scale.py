@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from keras_transformer.config import REPO_ROOT
-from keras_transformer.data import check_parallel_files, split_files
-from keras_transformer.runs import Run
+from keras_transformer.data.corpora import check_parallel_files, split_files
+from keras_transformer.runs.folder import Run
 from helpers import load_benchmark
 
 

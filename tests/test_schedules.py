@@ -8,8 +8,8 @@ import tensorflow as tf
 from keras_transformer import ModelConfig, TrainConfig, TransformerSchedule, compat
 from keras_transformer import create_optimizer
 from keras_transformer.config import ConfigError
-from keras_transformer.schedules import FusedAdam, create_schedule
-from keras_transformer.training import make_strategy
+from keras_transformer.training.schedules import FusedAdam, create_schedule
+from keras_transformer.training.runner import make_strategy
 
 
 @pytest.mark.parametrize("step", [1, 4000, 100000])

@@ -95,8 +95,8 @@ def test_one_sentence_requests_to_a_batching_export(serve_load, random_translati
                                                     multi30k_dir, tmp_path, capsys):
     """Concurrent requests decoded together: the same translations, scores to rounding."""
     from keras_transformer.config import DecodeConfig
-    from keras_transformer.export import RequestBatching, export_translator
-    from keras_transformer.translator import Translator
+    from keras_transformer.export.savedmodel import RequestBatching, export_translator
+    from keras_transformer.decoding.translator import Translator
 
     model, tokenizer = random_translation_model
     translator = Translator(model, tokenizer, tokenizer,

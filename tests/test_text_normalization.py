@@ -8,10 +8,10 @@ import unicodedata
 import pytest
 import tensorflow as tf
 
-from keras_transformer.text_normalization import (FORMAT_RANGES, INVISIBLE_RANGES,
+from keras_transformer.data.text_normalization import (FORMAT_RANGES, INVISIBLE_RANGES,
                                                   WHITESPACE_RANGES, normalize, python_class,
                                                   re2_class)
-from keras_transformer.tokenizers import normalize_text
+from keras_transformer.data.tokenizers import normalize_text
 
 # Every code point that UTF-8 can encode (surrogates cannot be), in order.
 EVERY_CHARACTER = "".join(chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF)
@@ -114,7 +114,7 @@ def test_str_is_normalized_as_its_utf8_bytes():
 
 
 def test_the_module_imports_no_tensorflow():
-    code = ("import sys, keras_transformer.text_normalization; "
+    code = ("import sys, keras_transformer.data.text_normalization; "
             "assert not any(m.split('.')[0] in ('tensorflow', 'keras', 'tensorflow_text') "
             "for m in sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True)

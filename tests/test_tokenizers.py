@@ -11,8 +11,8 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from keras_transformer.config import ConfigError
-from keras_transformer.text_io import read_parallel_lines
-from keras_transformer.tokenizers import (END_ID, PAD_ID, SERVING_TF_TEXT_OPS, START_ID, UNK_ID,
+from keras_transformer.data.text_io import read_parallel_lines
+from keras_transformer.data.tokenizers import (END_ID, PAD_ID, SERVING_TF_TEXT_OPS, START_ID, UNK_ID,
                                           SentencePieceTokenizer, build_tokenizers,
                                           load_tokenizers, normalize_text,
                                           training_tokenizers)
@@ -243,7 +243,7 @@ def test_a_damaged_vocabulary_is_a_config_error_naming_the_file(sentencepiece_vo
 
 def test_sentencepiece_info_lines_are_dropped_and_other_stderr_kept(sentencepiece_vocab,
                                                                    capfd):
-    from keras_transformer.tokenizers import without_sentencepiece_info
+    from keras_transformer.data.tokenizers import without_sentencepiece_info
 
     _, vocab_dir = sentencepiece_vocab
     capfd.readouterr()
@@ -265,7 +265,7 @@ def test_sentencepiece_learns_from_a_sample_of_at_most_vocab_sample_sentences(mu
     """The whole split is read, but SentencePiece keeps a bounded random sample (drawn anew at
     each build): from 150 sentences it learns far fewer than the 3,000 pieces it learns from
     4,000 (the soft vocabulary limit gives what the sample supports)."""
-    from keras_transformer.data import load_pairs
+    from keras_transformer.data.corpora import load_pairs
 
     sizes = {}
     for sample in (150, 4000):
@@ -288,7 +288,7 @@ def test_model_with_other_reserved_ids_is_rejected(tmp_path, small_pairs):
 
 def test_sentencepiece_vocab_smaller_than_the_alphabet_names_the_setting(tmp_path):
     from keras_transformer.config import ConfigError
-    from keras_transformer.tokenizers import train_sentencepiece
+    from keras_transformer.data.tokenizers import train_sentencepiece
 
     sentences = [f"{chr(0x4E00 + i)} {chr(0x4E00 + 2 * i)} abc" for i in range(400)]
     with pytest.raises(ConfigError, match=r"data.vocab_size=50 is too small .*raise data.vocab_size"):

@@ -11,11 +11,11 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import data as data_lib
-from keras_transformer import training
+from keras_transformer.training import runner as training
 from keras_transformer.config import ConfigError
-from keras_transformer.runs import Run
-from keras_transformer.schedules import TransformerSchedule
-from keras_transformer.tokenizers import load_tokenizers
+from keras_transformer.runs.folder import Run
+from keras_transformer.training.schedules import TransformerSchedule
+from keras_transformer.data.tokenizers import load_tokenizers
 from helpers import load_benchmark, read_events, snapshot, write_config
 
 
@@ -141,7 +141,7 @@ def test_loading_a_run_without_best_weights_falls_back_to_last(mirrored_run, tmp
     model.load_weights(second)
     assert any(not np.array_equal(a, b) for a, b in zip(expected, model.get_weights()))
     assert not (tmp_path / "best.weights.h5").exists()
-    with caplog.at_level("WARNING", logger="keras_transformer.runs"):
+    with caplog.at_level("WARNING", logger="keras_transformer.runs.folder"):
         loaded = Run(tmp_path).load_model()
     assert "has no best weights (best.weights.h5); using the last epoch's" in caplog.text
     for got, want in zip(loaded.get_weights(), expected):
@@ -341,7 +341,7 @@ def test_a_spent_time_budget_stops_the_run_mid_epoch_saves_that_epoch_and_finish
         tiny_experiment, tmp_path, capsys):
     """A budget that the first step outlasts: the epoch stops after it, is validated and saved
     with its training minutes, and the run is finished; a resumed clock would start there."""
-    from keras_transformer import callbacks
+    from keras_transformer.training import callbacks
 
     config = tiny_experiment(epochs=5, steps_per_epoch=3, strategy="one_device",
                              decay="linear", budget_minutes=0.001)
@@ -397,7 +397,7 @@ def test_a_training_into_a_folder_in_use_is_refused(tiny_experiment, tmp_path, c
     import os
 
     from keras_transformer import cli
-    from keras_transformer.runs import LOCK_FILE, training_lock
+    from keras_transformer.runs.folder import LOCK_FILE, training_lock
 
     config = write_config(tiny_experiment(), tmp_path / "exp.yaml")
     run_dir = tmp_path / "run"
@@ -418,7 +418,7 @@ def test_the_same_seed_gives_the_same_weights_whether_or_not_the_data_was_prepar
     the initial weights and dropout's seeds, is compared."""
     import random
 
-    from keras_transformer import runs
+    from keras_transformer.runs import folder as runs
 
     class Started(Exception):
         pass

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_transformer import decoding
+from keras_transformer.decoding import strategies as decoding
 from keras_transformer.config import ConfigError, DecodeConfig
-from keras_transformer.decoding import NEG_INF, PAD_ID
-from keras_transformer.tokenizers import END_ID, START_ID
-from keras_transformer.translator import Translator
+from keras_transformer.decoding.strategies import NEG_INF, PAD_ID
+from keras_transformer.data.tokenizers import END_ID, START_ID
+from keras_transformer.decoding.translator import Translator
 from helpers import seeded_tiny_model
 
 SENTENCES = [
@@ -476,7 +476,7 @@ def test_the_score_signature_tokenizes_targets_as_translations_are(translator):
 def test_the_output_cap_and_source_limit_are_one_rule_for_numbers_and_tensors():
     """`search_rules.output_cap`, which both runtimes use: source tokens + max_extra_length, at
     least a prefix's tokens + 1, at most max_positions, the same for Python numbers and tensors."""
-    from keras_transformer.search_rules import kept_source_tokens, output_cap
+    from keras_transformer.decoding.search_rules import kept_source_tokens, output_cap
 
     for source, prefix, want in [(5, 0, 55), (5, 60, 61), (200, 0, 128), (100, 200, 128)]:
         assert output_cap(source, 50, 128, prefix) == want

@@ -23,7 +23,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.layers.dropout import Dropout
-from keras_transformer.layers.normalization import LAYER_NORM_EPSILON, LayerNormalization, fold_norm
+from keras_transformer.layers.normalization import (LAYER_NORM_EPSILON, LayerNormalization,
+                                                    fold_norm)
 from keras_transformer.layers.ops import dense, matmul, value
 from keras_transformer.layers.residual import residual_connection, residual_input, residual_output
 

@@ -5,7 +5,8 @@ import tensorflow as tf
 
 from keras_transformer.config import ACTIVATIONS
 from keras_transformer.layers.dropout import Dropout
-from keras_transformer.layers.normalization import LAYER_NORM_EPSILON, LayerNormalization, fold_norm
+from keras_transformer.layers.normalization import (LAYER_NORM_EPSILON, LayerNormalization,
+                                                    fold_norm)
 from keras_transformer.layers.ops import dense, value
 from keras_transformer.layers.residual import residual_connection, residual_input, residual_output
 

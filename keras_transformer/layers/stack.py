@@ -2,7 +2,8 @@
 
 import keras
 
-from keras_transformer.layers.normalization import LAYER_NORM_EPSILON, LayerNormalization, normalize
+from keras_transformer.layers.normalization import (LAYER_NORM_EPSILON, LayerNormalization,
+                                                    normalize)
 
 
 class LayerStack(keras.layers.Layer):

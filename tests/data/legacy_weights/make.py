@@ -16,8 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.config import ExperimentConfig
-from keras_transformer.runs import save_weights
-from keras_transformer.training import build_model
+from keras_transformer.runs.folder import save_weights
+from keras_transformer.training.runner import build_model
 
 HERE = Path(__file__).resolve().parent
 

@@ -41,13 +41,13 @@ from ctranslate2.specs import common_spec, transformer_spec
 
 from keras_transformer.config import (SENTENCEPIECE_FILE, VOCABULARY_CHECKSUMS, ConfigError,
                                       DecodeConfig)
-from keras_transformer.ctranslate2_translator import MODEL_CHECKSUM, MODEL_FILE, SETTINGS_FILE
+from keras_transformer.data.text_io import (errno_of, file_sha256, partial_path,
+                                            remove_dead_partials, rename_new, write_error)
+from keras_transformer.data.tokenizers import SentencePieceTokenizer, Tokenizer
+from keras_transformer.decoding.search_rules import kept_source_tokens
+from keras_transformer.export.ctranslate2_runtime import MODEL_CHECKSUM, MODEL_FILE, SETTINGS_FILE
 from keras_transformer.layers.normalization import LAYER_NORM_EPSILON
 from keras_transformer.model import Transformer
-from keras_transformer.search_rules import kept_source_tokens
-from keras_transformer.text_io import (errno_of, file_sha256, partial_path,
-                                       remove_dead_partials, rename_new, write_error)
-from keras_transformer.tokenizers import SentencePieceTokenizer, Tokenizer
 
 QUANTIZATIONS = ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES  # float32, int8, bfloat16, ...
 

@@ -22,7 +22,6 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO, Iterator, Mapping, Sequence
 
-
 # What str.splitlines() ends a line at: written inside a line, each would make two of it for
 # some reader.
 _LINE_BREAKS = re.compile("[\n\v\f\r\x1c-\x1e\x85\u2028\u2029]")

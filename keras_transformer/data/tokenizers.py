@@ -43,20 +43,16 @@ import tensorflow_text as text
 from tensorflow_text.python.ops.bert_tokenizer import BasicTokenizer  # not exported at top level
 from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
 
-from keras_transformer.config import (  # noqa: F401 (the reserved ids, re-exported)
-    END_ID,
-    PAD_ID,
-    SENTENCEPIECE_FILE,
-    START_ID,
-    UNK_ID,
-    ConfigError,
-    DataConfig,
-)
-from keras_transformer import placeholders
-from keras_transformer.placeholders import MAX_SPANS, PLACEHOLDER_PATTERN, SPAN_PATTERN, SYMBOLS
-from keras_transformer.text_io import errno_of, partial_path, remove_dead_partials, write_error
-from keras_transformer.text_normalization import INVISIBLE_PATTERN, WHITESPACE_PATTERN
-from keras_transformer.word_alignment import WORD_BOUNDARY
+from keras_transformer.config import (END_ID, PAD_ID,  # noqa: F401 (the reserved ids, re-exported)
+                                      SENTENCEPIECE_FILE, START_ID, UNK_ID, ConfigError,
+                                      DataConfig)
+from keras_transformer.data import placeholders
+from keras_transformer.data.placeholders import (MAX_SPANS, PLACEHOLDER_PATTERN, SPAN_PATTERN,
+                                                 SYMBOLS)
+from keras_transformer.data.text_io import (errno_of, partial_path, remove_dead_partials,
+                                            write_error)
+from keras_transformer.data.text_normalization import INVISIBLE_PATTERN, WHITESPACE_PATTERN
+from keras_transformer.decoding.word_alignment import WORD_BOUNDARY
 
 logger = logging.getLogger(__name__)
 

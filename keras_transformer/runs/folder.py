@@ -46,15 +46,15 @@ from typing import Callable
 import h5py
 import numpy as np
 
-from keras_transformer import data as data_lib
-from keras_transformer import legacy_weights
 from keras_transformer.config import (ConfigError, ExperimentConfig, ModelConfig,
-                                     load_yaml_with_bases, map_paths, read_yaml)
+                                      load_yaml_with_bases, map_paths, read_yaml)
+from keras_transformer.data import corpora
+from keras_transformer.data.text_io import (PARTIAL_PREFIX, errno_of, first_line, partial_path,
+                                            remove_dead_partials, write_error)
+from keras_transformer.data.tokenizers import (META_FILE, Tokenizer, build_tokenizers,
+                                               load_tokenizers, vocabulary_checksum)
 from keras_transformer.model import Transformer
-from keras_transformer.text_io import (PARTIAL_PREFIX, errno_of, first_line, partial_path,
-                                       remove_dead_partials, write_error)
-from keras_transformer.tokenizers import (META_FILE, Tokenizer, build_tokenizers, load_tokenizers,
-                                          vocabulary_checksum)
+from keras_transformer.runs import legacy_weights
 
 logger = logging.getLogger(__name__)
 
@@ -772,7 +772,7 @@ def prepare_tokenizers(config: ExperimentConfig, run: Run) -> tuple[Tokenizer, T
     folder = vocab_dir(config, run.path)
     if (folder / META_FILE).exists():
         return load_tokenizers(config.data, folder)
-    pairs = data_lib.load_pairs(config.data, config.data.train_split)
+    pairs = corpora.load_pairs(config.data, config.data.train_split)
     return build_tokenizers(config.data, pairs, folder)
 
 

@@ -34,12 +34,13 @@ import sentencepiece
 
 from keras_transformer.config import (PROVENANCE_FILE, VOCABULARY_CHECKSUMS, ConfigError,
                                       DecodeConfig)
-from keras_transformer.search_rules import (NEG_INF, cannot_improve, finished_to_stop,
-                                            kept_source_tokens, length_penalty, output_cap)
-from keras_transformer.text_io import changed_file, file_sha256, first_line
-from keras_transformer import placeholders
-from keras_transformer.text_normalization import normalize
-from keras_transformer.word_alignment import hard_alignment, word_attention, word_indices
+from keras_transformer.data import placeholders
+from keras_transformer.data.text_io import changed_file, file_sha256, first_line
+from keras_transformer.data.text_normalization import normalize
+from keras_transformer.decoding.search_rules import (NEG_INF, cannot_improve, finished_to_stop,
+                                                     kept_source_tokens, length_penalty,
+                                                     output_cap)
+from keras_transformer.decoding.word_alignment import hard_alignment, word_attention, word_indices
 
 # What an export holds besides CTranslate2's own files (model.bin, config.json,
 # shared_vocabulary.json), written by `ctranslate2_export`: the SentencePiece model and the

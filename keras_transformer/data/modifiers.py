@@ -39,7 +39,7 @@ import re
 import string
 from typing import Sequence
 
-from keras_transformer.placeholders import mask_pair
+from keras_transformer.data.placeholders import mask_pair
 
 TYPO_RATE = 1 / 6  # the share of a typo sentence's words that get a typo
 MODIFIERS = ("typos", "upper_case", "title_case", "copy_spans")  # the order they apply in

@@ -28,10 +28,10 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig
+from keras_transformer.data.text_io import file_sha256
+from keras_transformer.data.tokenizers import META_FILE, Tokenizer, load_tokenizers
 from keras_transformer.model import Transformer
-from keras_transformer.runs import CONFIG_FILE, Run, vocab_dir
-from keras_transformer.text_io import file_sha256
-from keras_transformer.tokenizers import META_FILE, Tokenizer, load_tokenizers
+from keras_transformer.runs.folder import CONFIG_FILE, Run, vocab_dir
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
     translator = load_translator("saved_models/NAME/1")
     translator.signatures["serving_default"](source=tf.constant(["Ein Hund."]))
 
-The exported signatures are listed in `keras_transformer.translator`. With `batching`, each
+The exported signatures are listed in `keras_transformer.decoding.translator`. With `batching`, each
 runs behind a `BatchFunction` op (`RequestBatching`): concurrent calls are decoded together.
 """
 
@@ -24,15 +24,15 @@ import tensorflow as tf
 from keras_transformer.config import (CTRANSLATE2_FORMAT, END_ID, EXPORT_FORMATS, PAD_ID,
                                       PROVENANCE_FILE, SAVEDMODEL_FORMAT, START_ID, UNK_ID,
                                       VOCABULARY_CHECKSUMS, ConfigError)
-from keras_transformer.fine_tuning import read_record
-from keras_transformer.runs import Run, check_writable_folder, process_lock
-from keras_transformer.text_io import (changed_file, errno_of, file_sha256, first_line,
-                                       partial_path, remove_dead_partials, rename_new,
-                                       write_error)
-from keras_transformer.text_normalization import NORMALIZATION
-from keras_transformer.tokenizers import without_sentencepiece_info
-from keras_transformer.translator import (SIGNATURES, Translator, signature_arguments,
-                                          signature_inputs, translator_from_run)
+from keras_transformer.data.text_io import (changed_file, errno_of, file_sha256, first_line,
+                                            partial_path, remove_dead_partials, rename_new,
+                                            write_error)
+from keras_transformer.data.text_normalization import NORMALIZATION
+from keras_transformer.data.tokenizers import without_sentencepiece_info
+from keras_transformer.decoding.translator import (SIGNATURES, Translator, signature_arguments,
+                                                   signature_inputs, translator_from_run)
+from keras_transformer.runs.folder import Run, check_writable_folder, process_lock
+from keras_transformer.training.fine_tuning import read_record
 
 WARMUP_FILE = "tf_serving_warmup_requests"  # in assets.extra/, replayed by TF Serving on load
 EXPORT_LOCK = ".export.lock"  # in a model folder, held by the export writing a version there
@@ -188,8 +188,8 @@ def translator_provenance(translator: Translator) -> dict:
                             "target": translator.target_tokenizer.vocab_size},
         "source_normalization": NORMALIZATION,
         "source_markers": f"START (id {START_ID}) and END (id {END_ID}) around every source",
-        "placeholders": (f"numbers, web addresses and emoji of the source as <ph0>...<ph7>, "
-                         "put back into the outputs (keras_transformer.placeholders)"
+        "placeholders": ("numbers, web addresses and emoji of the source as <ph0>...<ph7>, "
+                         "put back into the outputs (keras_transformer.data.placeholders)"
                          if translator.placeholders else "none"),
         "reserved_ids": {"pad": PAD_ID, "start": START_ID, "end": END_ID, "unk": UNK_ID},
         "search": {"serving_default": f"beam search, beam {decode.beam_size}",
@@ -323,7 +323,7 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
 
 def _export_run_ctranslate2(run_dir, output_dir, quantization, **translator_args) -> Path:
     try:
-        from keras_transformer.ctranslate2_export import export_ctranslate2
+        from keras_transformer.export.ctranslate2 import export_ctranslate2
     except ImportError as error:
         raise ConfigError(f"--format ctranslate2 needs the ctranslate2 package ({error}); "
                           "pip install 'keras-transformer[ctranslate2]'") from None
@@ -346,7 +346,7 @@ def load_any(export_dir: str | os.PathLike, **ctranslate2_args):
     `translate_nbest` taking a batch of strings."""
     export_dir = Path(export_dir)
     if (export_dir / "model.bin").is_file():
-        from keras_transformer.ctranslate2_translator import CTranslate2Translator
+        from keras_transformer.export.ctranslate2_runtime import CTranslate2Translator
 
         return CTranslate2Translator(export_dir, **ctranslate2_args)
     if not (export_dir / "saved_model.pb").is_file():

@@ -8,7 +8,7 @@ detokenize), so the module exports as a SavedModel that TF Serving runs with no 
     translator = translator_from_run("runs/NAME")  # a trained run's model and tokenizers
     translate_texts(translator.translate_beam, sentences)  # a list of str, batched by length
 
-`keras_transformer.export` writes a Translator as a SavedModel.
+`keras_transformer.export.savedmodel` writes a Translator as a SavedModel.
 
 Exported signatures (input `source`: string `[batch]`, any batch size including 0):
 
@@ -61,14 +61,15 @@ from typing import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from keras_transformer import decoding, tokenizers
 from keras_transformer.config import ConfigError, DecodeConfig
-from keras_transformer.evaluation import score
+from keras_transformer.data import tokenizers
+from keras_transformer.data.tokenizers import (END_ID, PAD_ID, START_ID, Tokenizer, mask_spans,
+                                               normalize_text, unmask_spans)
+from keras_transformer.decoding import strategies as decoding
+from keras_transformer.decoding.evaluation import score
+from keras_transformer.decoding.search_rules import STOPPING_RULES, kept_source_tokens, output_cap
 from keras_transformer.model import Transformer
-from keras_transformer.runs import Run
-from keras_transformer.search_rules import STOPPING_RULES, kept_source_tokens, output_cap
-from keras_transformer.tokenizers import (END_ID, PAD_ID, START_ID, Tokenizer, mask_spans,
-                                          normalize_text, unmask_spans)
+from keras_transformer.runs.folder import Run
 
 STRINGS_SPEC = tokenizers.STRINGS_SPEC
 ALPHA_SPEC = tf.TensorSpec([], tf.float32, name="alpha")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -18,9 +19,9 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 
 from keras_transformer.config import ExperimentConfig
-from keras_transformer.evaluation import score
-from keras_transformer.runs import Run
-from keras_transformer.translator import Translator, translate_texts
+from keras_transformer.decoding.evaluation import score
+from keras_transformer.decoding.translator import Translator, translate_texts
+from keras_transformer.runs.folder import Run
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
     history = keras_transformer.train(ExperimentConfig.from_yaml("experiments/NAME.yaml"),
                                       "runs/NAME")
 
-The run folder it writes, and resumes from, is described in `keras_transformer.runs`.
+The run folder it writes, and resumes from, is described in `keras_transformer.runs.folder`.
 """
 
 from __future__ import annotations
@@ -20,17 +20,20 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_transformer import compat, fine_tuning
-from keras_transformer import data as data_lib
-from keras_transformer.callbacks import EpochLogger, ValidationBleu, default_callbacks
+from keras_transformer import compat
 from keras_transformer.config import ConfigError, ExperimentConfig
-from keras_transformer.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy, TargetTokens
+from keras_transformer.data import corpora, streams
+from keras_transformer.data.text_io import errno_of
+from keras_transformer.data.tokenizers import META_FILE, training_tokenizers
 from keras_transformer.model import Transformer
-from keras_transformer.runs import (LOCK_FILE, Run, check_writable_folder, prepare_tokenizers,
-                                    training_lock, with_vocab_sizes)
-from keras_transformer.schedules import TransformerSchedule, create_optimizer, create_schedule
-from keras_transformer.text_io import errno_of
-from keras_transformer.tokenizers import META_FILE, training_tokenizers
+from keras_transformer.runs.folder import (LOCK_FILE, Run, check_writable_folder,
+                                           prepare_tokenizers, training_lock, with_vocab_sizes)
+from keras_transformer.training import fine_tuning
+from keras_transformer.training.callbacks import EpochLogger, ValidationBleu, default_callbacks
+from keras_transformer.training.losses import (MaskedAccuracy, MaskedLabelSmoothedCrossEntropy,
+                                               TargetTokens)
+from keras_transformer.training.schedules import (TransformerSchedule, create_optimizer,
+                                                  create_schedule)
 
 logger = logging.getLogger(__name__)
 
@@ -254,12 +257,12 @@ class TrainingInput:
         replicas = strategy.num_replicas_in_sync
         data_config, stream_replicas = config.data, replicas
         if self.per_worker:
-            data_lib.bucket_batch_sizes(config.data, replicas)  # fails early, naming the replicas
+            streams.bucket_batch_sizes(config.data, replicas)  # fails early, naming the replicas
             data_config = dataclasses.replace(
                 config.data, tokens_per_batch=config.data.tokens_per_batch // replicas)
             stream_replicas = 1
         self.batches_per_step = replicas // self.workers if self.per_worker else 1
-        self.stream = data_lib.training_stream(
+        self.stream = streams.training_stream(
             data_config, source_tokenizer, target_tokenizer, seed=config.train.seed,
             shard=(self.worker, self.workers), num_replicas=stream_replicas,
             accumulate_steps=config.train.accumulate_steps)
@@ -328,7 +331,7 @@ def train(config: ExperimentConfig, output_dir: str | os.PathLike,
     is saved as `output_dir/config.yaml`. `verbose`: 1 `model.fit`'s progress bar, 2 one
     plain line per epoch (`callbacks.EpochLogger`), 0 none.
     """
-    data_lib.check_data_folder(config.data)  # before the run folder is made
+    corpora.check_data_folder(config.data)  # before the run folder is made
     if config.data.max_pair_length > config.model.max_positions:
         raise ConfigError(f"data.max_pair_length={config.data.max_pair_length} is longer than "
                           f"model.max_positions={config.model.max_positions}: the position "
@@ -384,11 +387,11 @@ def _train(config: ExperimentConfig, output_dir: str | os.PathLike, verbose: str
 
     training_input = TrainingInput(config, strategy, *training_tokenizers(
         config.data, source_tokenizer, target_tokenizer))
-    validation_pairs = data_lib.load_pairs(config.data, config.data.validation_split)
-    validation_batches = data_lib.make_batches(validation_pairs, source_tokenizer,
+    validation_pairs = corpora.load_pairs(config.data, config.data.validation_split)
+    validation_batches = streams.make_batches(validation_pairs, source_tokenizer,
                                                target_tokenizer, config.data, training=False,
                                                num_replicas=replicas)
-    validation_steps = data_lib.batch_stats(validation_batches).batches
+    validation_steps = streams.batch_stats(validation_batches).batches
     if not validation_steps:
         raise ConfigError(
             f"data.validation_split={config.data.validation_split!r} gives no batches: every "

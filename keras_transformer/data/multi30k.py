@@ -19,7 +19,7 @@ from pathlib import Path
 import tensorflow_datasets as tfds
 
 from keras_transformer.config import DATA_ENV
-from keras_transformer.text_io import read_parallel_lines
+from keras_transformer.data.text_io import read_parallel_lines
 
 URL_ENV = "KERAS_TRANSFORMER_MULTI30K_URL"
 LANGUAGES = ("en", "de", "fr")

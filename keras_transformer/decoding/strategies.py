@@ -42,13 +42,8 @@ import math
 import tensorflow as tf
 
 from keras_transformer.config import END_ID, PAD_ID, START_ID, DecodeConfig
-from keras_transformer.search_rules import (
-    NEG_INF,
-    STOPPING_RULES,
-    cannot_improve,
-    finished_to_stop,
-    length_penalty,
-)
+from keras_transformer.decoding.search_rules import (NEG_INF, STOPPING_RULES, cannot_improve,
+                                                     finished_to_stop, length_penalty)
 
 __all__ = ["NEG_INF", "STOPPING_RULES", "STRATEGIES", "DecodingStrategy", "GreedySearch",
            "BeamSearch", "SamplingSearch", "ForcedDecoding", "register_strategy",
