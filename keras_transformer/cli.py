@@ -99,7 +99,7 @@ def _load_config(args):
 def _build_vocab(args) -> int:
     from keras_transformer.data.corpora import build_vocab
     from keras_transformer.data.tokenizers import META_FILE
-    from keras_transformer.runs.folder import check_writable_folder
+    from keras_transformer.runs.files import check_writable_folder
 
     config = _load_config(args)
     check_writable_folder(args.output, "--output")

@@ -308,7 +308,8 @@ def fake_run(tiny_experiment, tmp_path):
     over the session's 1,000-piece vocabulary), state.json and an untrained model's last
     weights, no best weights."""
     from keras_transformer.model import Transformer
-    from keras_transformer.runs.folder import Run, save_weights
+    from keras_transformer.runs.folder import Run
+    from keras_transformer.runs.weights import save_weights
 
     config = tiny_experiment()
     config = dataclasses.replace(config, model=dataclasses.replace(

@@ -130,7 +130,8 @@ def run_with_checkpoint(random_run, tmp_path):
     """A copy of `random_run` with its weights as epoch 1's checkpoint."""
     import shutil
 
-    from keras_transformer.runs.folder import Run, save_weights
+    from keras_transformer.runs.folder import Run
+    from keras_transformer.runs.weights import save_weights
 
     shutil.copytree(random_run, tmp_path / "run")
     run = Run(tmp_path / "run")
@@ -342,7 +343,8 @@ def test_a_checkpoint_or_log_onto_a_full_disk_stops_training_and_keeps_the_last_
     run's TensorBoard logs do."""
     from helpers import write_config
 
-    from keras_transformer.runs.folder import Run, verify_weights
+    from keras_transformer.runs.folder import Run
+    from keras_transformer.runs.weights import verify_weights
 
     config = tiny_experiment(validation_bleu_sentences=0, strategy="one_device")
     path = write_config(dataclasses.replace(config, name="full"), tmp_path / "exp.yaml")

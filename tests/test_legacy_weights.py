@@ -9,7 +9,7 @@ import pytest
 from keras_transformer.runs import legacy_weights
 from keras_transformer.config import ExperimentConfig
 from keras_transformer.model import Transformer
-from keras_transformer.runs.folder import load_weights, save_weights
+from keras_transformer.runs.weights import load_weights, save_weights
 from keras_transformer.training.runner import build_model
 from tests.helpers import REPO_ROOT
 

@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 
 from keras_transformer.runs import folder as runs
+from keras_transformer.runs import files as run_files
+from keras_transformer.runs import weights as run_weights
 from keras_transformer.config import ConfigError, ExperimentConfig, ModelConfig, TrainConfig
 from keras_transformer.model import Transformer
-from keras_transformer.runs.folder import DamagedWeightsError, Run
+from keras_transformer.runs.folder import Run
+from keras_transformer.runs.weights import DamagedWeightsError
 
 
 def tiny_config(**train) -> ExperimentConfig:
@@ -56,10 +59,10 @@ def two_epoch_template(tmp_path_factory):
     for epoch, (step, bleu) in enumerate([(3, 10.0), (7, 5.0)], start=1):
         model = compiled_model(config, seed=epoch)
         model.optimizer.iterations.assign(step)
-        for variable in runs.random_states(model):
+        for variable in run_weights.random_states(model):
             variable.assign(variable.numpy() + epoch)
         run.save_epoch(model, epoch, val_bleu=bleu)
-        saved.append((model.get_weights(), [v.numpy() for v in runs.random_states(model)]))
+        saved.append((model.get_weights(), [v.numpy() for v in run_weights.random_states(model)]))
     return run.path, saved
 
 
@@ -79,12 +82,12 @@ def test_atomic_path_replaces_the_file_only_when_the_write_completes(tmp_path):
     target = tmp_path / "state.json"
     target.write_text("old")
     with pytest.raises(RuntimeError):
-        with runs.atomic_path(target) as partial:
+        with run_files.atomic_path(target) as partial:
             partial.write_text("half")
             raise RuntimeError("killed")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
-    with runs.atomic_path(target) as partial:
+    with run_files.atomic_path(target) as partial:
         assert partial.name == f".partial-{os.getpid()}-state.json"
         partial.write_text("new")
     assert target.read_text() == "new" and len(list(tmp_path.iterdir())) == 1
@@ -165,43 +168,43 @@ def test_weights_carry_their_model_config_and_a_mismatch_names_the_first_field(t
     config = tiny_config().model
     model = Transformer(config)
     model.build()
-    path = runs.save_weights(model, tmp_path / "w.weights.h5")
+    path = run_weights.save_weights(model, tmp_path / "w.weights.h5")
     other = Transformer(dataclasses.replace(config, num_layers=1, d_model=64, num_heads=4))
     other.build()
     with pytest.raises(ConfigError) as error:
-        runs.load_weights(other, path, other.config, "exp.yaml")
+        run_weights.load_weights(other, path, other.config, "exp.yaml")
     assert str(error.value) == (f"{path} was trained with model.num_layers=2, but exp.yaml has "
                                 "model.num_layers=1")
     # Dropout acts only in training: another value loads.
-    runs.load_weights(model, path, dataclasses.replace(config, dropout=0.3))
+    run_weights.load_weights(model, path, dataclasses.replace(config, dropout=0.3))
 
 
 def test_weights_written_by_keras_alone_still_load(tmp_path):
     model = Transformer(tiny_config().model)
     model.build()
     model.save_weights(tmp_path / "plain.weights.h5")
-    runs.load_weights(model, tmp_path / "plain.weights.h5", model.config)
+    run_weights.load_weights(model, tmp_path / "plain.weights.h5", model.config)
 
 
 def test_a_truncated_weight_file_is_named(tmp_path):
     model = Transformer(tiny_config().model)
     model.build()
-    path = runs.save_weights(model, tmp_path / "w.weights.h5")
+    path = run_weights.save_weights(model, tmp_path / "w.weights.h5")
     truncate(path)
     with pytest.raises(DamagedWeightsError, match=rf"^{path} is damaged \(.*truncated"):
-        runs.load_weights(model, path, model.config)
+        run_weights.load_weights(model, path, model.config)
 
 
 def test_a_weight_file_with_damaged_metadata_is_named(tmp_path):
     """Bytes flipped in the HDF5 structures (not the arrays): h5py raises RuntimeError."""
     model = Transformer(tiny_config().model)
     model.build()
-    path = runs.save_weights(model, tmp_path / "w.weights.h5")
+    path = run_weights.save_weights(model, tmp_path / "w.weights.h5")
     data = bytearray(path.read_bytes())
     data[600:1000] = bytes(b ^ 0xFF for b in data[600:1000])
     path.write_bytes(bytes(data))
     with pytest.raises(DamagedWeightsError, match=rf"^{path} is damaged \("):
-        runs.load_weights(model, path, model.config)
+        run_weights.load_weights(model, path, model.config)
 
 
 @pytest.mark.parametrize("field, old, new", [("num_layers", 2, 3), ("d_model", 32, 256)])
@@ -240,7 +243,7 @@ def test_restore_loads_weights_optimizer_state_and_dropout_seeds(run_with_two_ep
     assert int(model.optimizer.iterations.numpy()) == 7
     for got, want in zip(model.get_weights(), weights):
         np.testing.assert_array_equal(got, want)
-    for got, want in zip(runs.random_states(model), states):
+    for got, want in zip(run_weights.random_states(model), states):
         np.testing.assert_array_equal(got.numpy(), want)
 
 
@@ -274,7 +277,7 @@ def test_a_checkpoint_newer_than_the_state_is_recorded_when_restored(run_with_tw
     run, models = run_with_two_epochs
     state = run.state()
     run.state_path.write_text(json.dumps({**state, "epoch": 1, "optimizer_step": 3}))
-    runs.copy_file(run.checkpoint_file(1), run.weights_file("last"))
+    run_files.copy_file(run.checkpoint_file(1), run.weights_file("last"))
     assert run.epochs_done() == 1 and run.finished(tiny_config(epochs=2)) is None
     assert run.restore(compiled_model(run.config, seed=9)) == 2
     assert (run.state()["epoch"], run.state()["optimizer_step"]) == (2, 7)
@@ -370,9 +373,9 @@ def test_every_weight_file_records_the_checksum_of_what_it_holds(run_with_two_ep
     average = run.average(2)
     for path in (run.checkpoint_file(1), run.checkpoint_file(2), run.weights_file("last"),
                  run.weights_file("best"), average):
-        [recorded] = runs.weight_file_attrs(path, runs.CHECKSUM_ATTR)
-        assert len(recorded) == 64 and runs.verify_weights(path) == recorded, path
-    assert runs.verify_weights(run.weights_file("last")) == runs.verify_weights(
+        [recorded] = run_weights.weight_file_attrs(path, run_weights.CHECKSUM_ATTR)
+        assert len(recorded) == 64 and run_weights.verify_weights(path) == recorded, path
+    assert run_weights.verify_weights(run.weights_file("last")) == run_weights.verify_weights(
         run.checkpoint_file(2))
 
 
@@ -387,7 +390,7 @@ def test_flipped_bytes_in_a_weight_files_data_are_refused_before_loading(run_wit
     before = model.get_weights()
     with pytest.raises(DamagedWeightsError, match=rf"^{path} is damaged \(its contents differ "
                        r"from the SHA-256 recorded when it was written\)$"):
-        runs.load_weights(model, path, run.config.model)
+        run_weights.load_weights(model, path, run.config.model)
     for got, want in zip(model.get_weights(), before):  # nothing was loaded
         np.testing.assert_array_equal(got, want)
     with pytest.raises(DamagedWeightsError, match=rf"^{path} is damaged .*; choose other weights "
@@ -402,12 +405,12 @@ def test_non_finite_weights_are_refused_even_without_a_checksum(tmp_path):
     weights[0][0, 0] = np.nan
     model.set_weights(weights)
     model.save_weights(tmp_path / "keras.weights.h5")  # Keras alone: no checksum
-    runs.save_weights(model, tmp_path / "ours.weights.h5")
+    run_weights.save_weights(model, tmp_path / "ours.weights.h5")
     for name in ("keras", "ours"):
         path = tmp_path / f"{name}.weights.h5"
         with pytest.raises(DamagedWeightsError,
                            match=rf"^{path} is damaged \(non-finite values in .+\)$"):
-            runs.load_weights(compiled_model(config), path, config.model)
+            run_weights.load_weights(compiled_model(config), path, config.model)
 
 
 def test_restore_passes_over_a_checkpoint_with_flipped_bytes(run_with_two_epochs, caplog):
@@ -431,7 +434,7 @@ def test_average_refuses_a_damaged_checkpoint_and_averages_the_others(run_with_t
     with pytest.raises(DamagedWeightsError, match=r"average the others \(--last 1 \(the newer "
                        r"ones\)\)$"):
         run.average(2, upper_bound=2)
-    runs.copy_file(run.weights_file("last"), run.checkpoint_file(3))  # a good epoch 3
+    run_files.copy_file(run.weights_file("last"), run.checkpoint_file(3))  # a good epoch 3
     with pytest.raises(DamagedWeightsError, match=r"average the others \(--last 1 \(the newer "
                        r"ones\) or --upper-bound 1\)$"):
         run.average(2)
@@ -456,7 +459,7 @@ def test_weights_trained_with_another_vocabulary_of_the_same_size_are_refused(tm
     model = compiled_model(config)
     runs_["a"].save_epoch(model, 1)
     trained = runs_["a"].weights_file("last")
-    [recorded] = runs.weight_file_attrs(trained, runs.VOCABULARY_ATTR)
+    [recorded] = run_weights.weight_file_attrs(trained, run_weights.VOCABULARY_ATTR)
     assert recorded == runs_["a"].vocabulary_checksum() != runs_["b"].vocabulary_checksum()
     assert runs_["a"].load_model("last") is not None
     with pytest.raises(ConfigError, match=rf"^{trained} was trained with another vocabulary than "
@@ -528,7 +531,7 @@ def test_a_second_training_in_a_folder_in_use_is_refused_until_the_first_is_kill
     child = os.fork()
     if child == 0:  # holds the lock until it is killed
         try:
-            with runs.training_lock(tmp_path):
+            with run_files.training_lock(tmp_path):
                 os.write(write, b"locked")
                 signal.pause()
         finally:
@@ -538,18 +541,18 @@ def test_a_second_training_in_a_folder_in_use_is_refused_until_the_first_is_kill
         with pytest.raises(ConfigError, match=rf"^{tmp_path} is in use by another training "
                            rf"\(process {child}\): wait for it to end, or choose another "
                            r"--output$"):
-            with runs.training_lock(tmp_path):
+            with run_files.training_lock(tmp_path):
                 pass
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
-    with runs.training_lock(tmp_path):  # resuming after the kill
-        assert (tmp_path / runs.LOCK_FILE).read_text() == f"{os.getpid()}\n"
+    with run_files.training_lock(tmp_path):  # resuming after the kill
+        assert (tmp_path / run_files.LOCK_FILE).read_text() == f"{os.getpid()}\n"
     # Workers of one multi-worker run share a folder, each with a lock of its own.
-    with runs.training_lock(tmp_path):
+    with run_files.training_lock(tmp_path):
         os.environ["TF_CONFIG"] = '{"task": {"type": "worker", "index": 1}}'
         try:
-            with runs.training_lock(tmp_path):
+            with run_files.training_lock(tmp_path):
                 assert (tmp_path / ".train-worker-1.lock").is_file()
         finally:
             del os.environ["TF_CONFIG"]

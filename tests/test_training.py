@@ -397,7 +397,7 @@ def test_a_training_into_a_folder_in_use_is_refused(tiny_experiment, tmp_path, c
     import os
 
     from keras_transformer import cli
-    from keras_transformer.runs.folder import LOCK_FILE, training_lock
+    from keras_transformer.runs.files import LOCK_FILE, training_lock
 
     config = write_config(tiny_experiment(), tmp_path / "exp.yaml")
     run_dir = tmp_path / "run"
@@ -419,6 +419,7 @@ def test_the_same_seed_gives_the_same_weights_whether_or_not_the_data_was_prepar
     import random
 
     from keras_transformer.runs import folder as runs
+    from keras_transformer.runs import weights as run_weights
 
     class Started(Exception):
         pass
@@ -426,7 +427,7 @@ def test_the_same_seed_gives_the_same_weights_whether_or_not_the_data_was_prepar
     started = []
 
     def fit(model, *args, **kwargs):
-        started.append([*model.get_weights(), *(s.numpy() for s in runs.random_states(model))])
+        started.append([*model.get_weights(), *(s.numpy() for s in run_weights.random_states(model))])
         raise Started
 
     monkeypatch.setattr(keras.Model, "fit", fit)

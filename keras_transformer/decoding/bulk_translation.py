@@ -38,7 +38,7 @@ from keras_transformer.config import ConfigError
 from keras_transformer.data.text_io import (DataError, errno_of, one_line, read_user_lines,
                                             write_error)
 from keras_transformer.decoding.translator import TranslateFn, translate_texts
-from keras_transformer.runs.folder import atomic_path, process_lock
+from keras_transformer.runs.files import atomic_path, process_lock
 
 CHUNK_SIZE = 16384  # lines sorted and written together (at most the loss of a kill)
 RESUME_SUFFIX = ".resume.json"

@@ -31,7 +31,8 @@ from keras_transformer.data.text_normalization import NORMALIZATION
 from keras_transformer.data.tokenizers import without_sentencepiece_info
 from keras_transformer.decoding.translator import (SIGNATURES, Translator, signature_arguments,
                                                    signature_inputs, translator_from_run)
-from keras_transformer.runs.folder import Run, check_writable_folder, process_lock
+from keras_transformer.runs.files import check_writable_folder, process_lock
+from keras_transformer.runs.folder import Run
 from keras_transformer.training.fine_tuning import read_record
 
 WARMUP_FILE = "tf_serving_warmup_requests"  # in assets.extra/, replayed by TF Serving on load

@@ -29,32 +29,26 @@ by name, never loaded.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
-import fcntl
-import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
-from typing import Callable
 
-import h5py
-import numpy as np
-
-from keras_transformer.config import (ConfigError, ExperimentConfig, ModelConfig,
-                                      load_yaml_with_bases, map_paths, read_yaml)
+from keras_transformer.config import (ConfigError, ExperimentConfig, load_yaml_with_bases,
+                                      map_paths, read_yaml)
 from keras_transformer.data import corpora
-from keras_transformer.data.text_io import (PARTIAL_PREFIX, errno_of, first_line, partial_path,
-                                            remove_dead_partials, write_error)
+from keras_transformer.data.text_io import PARTIAL_PREFIX, remove_dead_partials
 from keras_transformer.data.tokenizers import (META_FILE, Tokenizer, build_tokenizers,
                                                load_tokenizers, vocabulary_checksum)
 from keras_transformer.model import Transformer
-from keras_transformer.runs import legacy_weights
+from keras_transformer.runs.files import (atomic_path, check_weights_output, check_writable_folder,
+                                          copy_file, write_errors)
+from keras_transformer.runs.weights import (TRAINING_MINUTES_ATTR, DamagedWeightsError,
+                                            load_weights, save_weights, warn_once,
+                                            weight_file_attrs)
 
 logger = logging.getLogger(__name__)
 
@@ -63,28 +57,11 @@ STATE_FILE = "state.json"
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_PATTERN = "epoch_{epoch:03d}.weights.h5"
 WEIGHT_NAMES = ("best", "last")
-LOCK_FILE = ".train.lock"  # held by the training that writes in the folder (`training_lock`)
 # HDF5 attributes of the weight files this package writes.
-MODEL_CONFIG_ATTR = "keras_transformer.model_config"
-RANDOM_STATES_ATTR = "keras_transformer.random_states"
-TRAINING_MINUTES_ATTR = "keras_transformer.training_minutes"  # epoch checkpoints
-# The SHA-256 of the file's arrays and of the attributes above (`weights_checksum`). It lives in
-# the file, not in a list beside it, so that it is renamed into place with the file (a kill
-# cannot leave the two out of step) and goes with a copy of it (`--weights PATH`).
-CHECKSUM_ATTR = "keras_transformer.weights_sha256"
-# The vocabulary the ids index (`tokenizers.vocabulary_checksum`): another vocabulary of the
-# same size fits the model's shapes and turns every output into other words.
-VOCABULARY_ATTR = "keras_transformer.vocabulary_sha256"
-CHECKED_ATTRS = (MODEL_CONFIG_ATTR, RANDOM_STATES_ATTR, TRAINING_MINUTES_ATTR, VOCABULARY_ATTR)
 # What `--overwrite` deletes: everything `training.train` writes, and nothing else (backup/:
 # Keras's BackupAndRestore folder, which runs made before state.json may hold).
 RUN_ENTRIES = (CONFIG_FILE, STATE_FILE, "vocab", CHECKPOINT_DIR, "last.weights.h5",
                "best.weights.h5", "logs", "backup")
-
-
-class DamagedWeightsError(ConfigError):
-    """A weight file cannot be read (truncated, or not HDF5), does not match the checksum it was
-    written with, or holds non-finite values."""
 
 
 class Run:
@@ -217,7 +194,7 @@ class Run:
             if weights == "best" and not path.exists():
                 if not self.weights_file("last").exists():
                     raise ConfigError(f"no weights at {path} or {self.weights_file('last')}")
-                _warn_once("%s has no best weights (%s); using the last epoch's", self.path,
+                warn_once("%s has no best weights (%s); using the last epoch's", self.path,
                            path.name)
                 path = self.weights_file("last")
         if not path.exists():
@@ -428,340 +405,6 @@ class Run:
         return output
 
 
-# ----------------------------------------------------------------------------- files
-
-@contextlib.contextmanager
-def training_lock(path: str | os.PathLike):
-    """Holds an exclusive lock on the run folder `path` (an existing folder) while a training
-    writes in it: `process_lock` on `path/.train.lock`.
-
-    A second training in the folder is refused (ConfigError) in one line naming the first
-    one's process. The kernel releases the lock when that process ends, by kill -9 too, so a
-    killed run resumes at once. Workers of one multi-worker run (TF_CONFIG) may share a folder:
-    each locks a file of its own.
-    """
-    path = Path(path)
-    try:
-        task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
-    except (ValueError, AttributeError):
-        task = {}
-    name = f".train-{task.get('type')}-{task.get('index')}.lock" if task else LOCK_FILE
-    with process_lock(path / name, lambda holder: (
-            f"{path} is in use by another training (process {holder}): wait for it to end, "
-            "or choose another --output")):
-        yield
-
-
-@contextlib.contextmanager
-def process_lock(lock_file: str | os.PathLike, busy: Callable[[str], str], *,
-                 wait: bool = False, remove: bool = False):
-    """Holds an exclusive lock on `lock_file` (created if need be) while the block runs: the
-    kernel's `flock`, which it releases when the process ends, by kill -9 too, so that nothing
-    is left to clean up. The file holds the holder's process id, for the others to name.
-
-    If another holds it (a process, or another open of the file in this one): ConfigError
-    `busy(its process id)`, at once; or with `wait`, `busy(its process id)` logged as a warning,
-    and the lock waited for. With `remove`, the holder deletes the file as it lets go (one who
-    then locks the deleted file notices, and locks the new one). A lock file that cannot be
-    created is a one-line OSError naming it; one whose process id cannot be written (a full
-    disk) still locks.
-
-    What `training_lock` (the run folder), `bulk_translation.translate_file` (an output file)
-    and `export.export_run` (a model folder's versions) hold.
-    """
-    lock_file = Path(lock_file)
-    fd = _lock_descriptor(lock_file, busy, wait)
-    try:
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
-        except OSError:  # a full disk: the others name the holder "unknown"
-            pass
-        yield
-    finally:
-        if remove:
-            lock_file.unlink(missing_ok=True)
-        os.close(fd)
-
-
-def _lock_descriptor(lock_file: Path, busy: Callable[[str], str], wait: bool) -> int:
-    """An open descriptor of `lock_file` whose `flock` this process holds (`process_lock`)."""
-    while True:
-        try:
-            fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as error:
-            raise write_error(lock_file, error) from None
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-                if not wait:
-                    raise ConfigError(busy(holder)) from None
-                logger.warning("%s", busy(holder))
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            try:  # still the file at `lock_file`, not one its holder deleted meanwhile
-                locked = os.path.samestat(os.fstat(fd), os.stat(lock_file))
-            except FileNotFoundError:
-                locked = False
-        except BaseException:
-            os.close(fd)
-            raise
-        if locked:
-            return fd
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike):
-    """Yields a temporary name beside `path` to write to; renames it to `path` when the block
-    ends without an error (after syncing it to disk), deletes it otherwise. The name keeps
-    `path`'s suffix (Keras wants `.weights.h5`) and holds the process id (workers of one run
-    may write the same file): `text_io.partial_path`."""
-    path = Path(path)
-    partial = partial_path(path)
-    try:
-        yield partial
-        with open(partial, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
-
-
-def copy_file(source: Path, target: Path) -> None:
-    """Copies `source` to `target` through a temporary file (`atomic_path`); a full disk is
-    a one-line OSError (`write_errors`) that leaves `target` as it was."""
-    check_free_space(target, source.stat().st_size)
-    with write_errors(target), atomic_path(target) as partial:
-        shutil.copyfile(source, partial)
-
-
-def check_writable_folder(path: str | os.PathLike, what: str = "output folder") -> None:
-    """ConfigError unless `path` is a folder, or can be made one, that this process may write in
-    (checked without writing anything)."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{what} {path} is a file, not a folder")
-    existing = path.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"{what} {path}: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {path}: cannot write in {existing} (permission denied or a "
-                          "read-only file system)")
-
-
-def check_weights_output(path: Path) -> None:
-    """ConfigError unless `path` names a `.weights.h5` file that can be written."""
-    if not path.name.endswith(".weights.h5"):
-        raise ConfigError(f"{path}: a weights file's name ends in .weights.h5")
-    if path.is_dir():
-        raise ConfigError(f"{path} is a folder, not a weights file")
-    check_writable_folder(path.parent, f"the folder of {path}:")
-
-
-@contextlib.contextmanager
-def write_errors(path: str | os.PathLike):
-    """Turns what writing `path` raises when the disk is full or the folder unwritable
-    (OSError; h5py's RuntimeError, whose message holds the errno) into a one-line OSError that
-    names the file and says that nothing was written."""
-    try:
-        yield
-    except (OSError, RuntimeError) as error:
-        if errno_of(error) is None:  # not the file system's refusal: a bug, with its traceback
-            raise
-        _quiet_h5py_cleanup()
-        raise write_error(path, error) from None
-
-
-def _quiet_h5py_cleanup() -> None:
-    """After a failed write h5py says so again, as a traceback on stderr, whenever it frees the
-    file's objects (Python calls that an unraisable exception): the one-line error has said it."""
-    previous = sys.unraisablehook
-    if getattr(previous, "keras_transformer_h5py", False):
-        return
-
-    def hook(unraisable):
-        if not (isinstance(unraisable.exc_value, RuntimeError)
-                and "h5py" in repr(unraisable.object)):
-            previous(unraisable)
-
-    hook.keras_transformer_h5py = True
-    sys.unraisablehook = hook
-
-
-def check_free_space(path: str | os.PathLike, size: int) -> None:
-    """OSError (ENOSPC) unless the file system of `path`'s folder has `size` bytes free."""
-    folder = Path(path).parent
-    while not folder.exists():
-        folder = folder.parent
-    free = shutil.disk_usage(folder).free
-    if free < size:
-        raise write_error(path, OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: "
-                                        f"{size / 1e6:.1f} MB needed, {free / 1e6:.1f} MB free"))
-
-
-def save_weights(model: Transformer, path: str | os.PathLike, *,
-                 training_minutes: float | None = None, vocabulary: str | None = None) -> Path:
-    """`model.save_weights(path)` (with the optimizer's state if it is compiled) written through
-    a temporary file, with the model config, dropout's seed states, `training_minutes` and the
-    `vocabulary`'s checksum (`tokenizers.vocabulary_checksum`), if given, and the checksum of
-    all of them (`weights_checksum`) as HDF5 attributes.
-
-    A full disk or an unwritable folder is an OSError in one line, checked before writing
-    where it can be (h5py has crashed the process on a full disk), with nothing left behind:
-    a previous file at `path` stays as it was.
-    """
-    path = Path(path)
-    variables = list(model.variables)
-    if getattr(model, "optimizer", None) is not None and model.compiled:
-        variables += list(model.optimizer.variables)
-    # The arrays, and HDF5's few kilobytes of names and headers for each.
-    check_free_space(path, sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize + 4096
-                               for v in variables))
-    with write_errors(path), atomic_path(path) as partial:
-        model.save_weights(partial)
-        with h5py.File(partial, "a") as f:
-            f.attrs[MODEL_CONFIG_ATTR] = json.dumps(dataclasses.asdict(model.config))
-            f.attrs[RANDOM_STATES_ATTR] = json.dumps(
-                [state.numpy().tolist() for state in random_states(model)])
-            if training_minutes is not None:
-                f.attrs[TRAINING_MINUTES_ATTR] = float(training_minutes)
-            if vocabulary is not None:
-                f.attrs[VOCABULARY_ATTR] = vocabulary
-            f.attrs[CHECKSUM_ATTR] = weights_checksum(f)
-    return path
-
-
-def weights_checksum(f: h5py.File) -> str:
-    """The SHA-256 of a weight file's arrays (each with its name, dtype and shape, in name
-    order) and of its attributes `CHECKED_ATTRS`: what `save_weights` records and
-    `verify_weights` recomputes."""
-    digest = hashlib.sha256()
-    names = []
-    f.visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
-    for name in sorted(names):
-        array = np.ascontiguousarray(f[name][()])
-        digest.update(f"{name} {array.dtype.str} {array.shape}\n".encode())
-        digest.update(array.tobytes())
-    for name in CHECKED_ATTRS:
-        value = f.attrs.get(name)
-        digest.update(f"{name}={'' if value is None else value}\n".encode())
-    return digest.hexdigest()
-
-
-def verify_weights(path: str | os.PathLike) -> str | None:
-    """Checks a weight file before it becomes a model; returns the checksum it records (None
-    for a file written by Keras alone, whose values are still checked).
-
-    Raises DamagedWeightsError naming the file if it cannot be read, if its arrays or
-    attributes differ from the checksum `save_weights` recorded (bytes changed on disk), or if
-    an array holds NaN or infinity (a diverged training saved them).
-    """
-    path = Path(path)
-    try:
-        with h5py.File(path, "r") as f:
-            recorded = f.attrs.get(CHECKSUM_ATTR)
-            actual = weights_checksum(f) if recorded is not None else None
-            not_finite = _first_not_finite(f)
-    except (OSError, RuntimeError, KeyError, ValueError) as error:  # h5py: RuntimeError for
-        raise DamagedWeightsError(f"{path} is damaged ({first_line(error)})") from None  # metadata
-    if recorded is not None and actual != str(recorded):
-        raise DamagedWeightsError(f"{path} is damaged (its contents differ from the SHA-256 "
-                                  "recorded when it was written)")
-    if not_finite:
-        raise DamagedWeightsError(f"{path} is damaged (non-finite values in {not_finite})")
-    return None if recorded is None else str(recorded)
-
-
-def _first_not_finite(f: h5py.File) -> str | None:
-    """The name of the first floating-point array of `f` holding NaN or infinity, or None."""
-    names = []
-    f.visititems(lambda name, item: names.append(name) if isinstance(item, h5py.Dataset) else None)
-    for name in sorted(names):
-        array = f[name][()]
-        if np.asarray(array).dtype.kind == "f" and not np.isfinite(array).all():
-            return name
-    return None
-
-
-def weight_file_attrs(path: Path, *names: str) -> list:
-    """The HDF5 attributes `names` of a weight file (None where one is missing); raises
-    DamagedWeightsError naming the file if it cannot be read."""
-    try:
-        with h5py.File(path, "r") as f:
-            return [f.attrs.get(name) for name in names]
-    except (OSError, RuntimeError) as error:  # h5py: RuntimeError for damaged metadata
-        raise DamagedWeightsError(f"{path} is damaged ({first_line(error)})") from None
-
-
-def load_weights(model: Transformer, path: str | os.PathLike, config: ModelConfig,
-                 where: str | os.PathLike = "the config", *, vocabulary: str | None = None,
-                 vocab_dir: str | os.PathLike | None = None) -> None:
-    """Loads a weight file into `model`, and dropout's seed states if the file has them.
-
-    Raises DamagedWeightsError naming the file if it cannot be read, does not match its
-    checksum or holds non-finite values (`verify_weights`, before anything is loaded), and
-    ConfigError naming the first model field that differs between the file's config and
-    `config` (read from `where`), with both values. Dropout is not compared: it acts only in
-    training. ConfigError too if the file was trained with another vocabulary than the one whose
-    checksum is `vocabulary` (read from `vocab_dir`). Files written without these attributes
-    (by Keras directly) are loaded unchecked.
-    """
-    path = Path(path)
-    trained, states, trained_vocabulary = weight_file_attrs(
-        path, MODEL_CONFIG_ATTR, RANDOM_STATES_ATTR, VOCABULARY_ATTR)
-    verify_weights(path)
-    if None not in (vocabulary, trained_vocabulary) and trained_vocabulary != vocabulary:
-        raise ConfigError(f"{path} was trained with another vocabulary than {vocab_dir} (its "
-                          "ids would stand for other pieces): use weights trained with this "
-                          "vocabulary")
-    if trained is not None:
-        try:
-            trained = json.loads(trained)
-        except ValueError as error:
-            raise DamagedWeightsError(f"{path} is damaged (its model config attribute: "
-                                      f"{first_line(error)})") from None
-        for field in dataclasses.fields(ModelConfig):
-            name = field.name
-            if name != "dropout" and name in trained and trained[name] != getattr(config, name):
-                raise ConfigError(f"{path} was trained with model.{name}={trained[name]!r}, but "
-                                  f"{where} has model.{name}={getattr(config, name)!r}")
-    try:
-        with legacy_weights.loadable(path, model) as loadable_path:
-            model.load_weights(loadable_path)
-    except (OSError, KeyError, RuntimeError) as error:
-        raise DamagedWeightsError(f"{path} is damaged ({first_line(error)})") from None
-    except ValueError as error:
-        raise ConfigError(f"{path} does not fit the model of {where} "
-                          f"({first_line(error)})") from None
-    if states is not None:
-        saved, variables = json.loads(states), random_states(model)
-        if len(saved) == len(variables):
-            for variable, value in zip(variables, saved):
-                variable.assign(value)
-
-
-_warned = set()
-
-
-def _warn_once(message: str, *args) -> None:
-    """Logs a warning once per process: a command looks the same weights up several times."""
-    if (message, args) not in _warned:
-        _warned.add((message, args))
-        logger.warning(message, *args)
-
-
-def random_states(model: Transformer) -> list:
-    """The model's random seed states (Keras `SeedGenerator`s, which drive dropout): what
-    `model.variables` holds beyond its weights and metrics, in a fixed order."""
-    known = {id(v) for v in model.weights}
-    known |= {id(v) for metric in model.metrics for v in metric.variables}
-    return [v for v in model.variables if id(v) not in known]
-
-
 def vocab_dir(config: ExperimentConfig, run_path: str | os.PathLike) -> Path:
     """Where a run's vocabulary lives: `data.vocab_dir`, else `vocab/` in the run folder."""
     return Path(config.data.vocab_dir or Path(run_path) / "vocab")
@@ -813,7 +456,7 @@ def _with_legacy_paths(config: ExperimentConfig, path: Path) -> ExperimentConfig
         old = given.get(name)
         if old is None or old == value or os.path.exists(value) or not os.path.exists(old):
             return value
-        _warn_once("%s: %s %s is read from the working directory, as runs saved before paths "
+        warn_once("%s: %s %s is read from the working directory, as runs saved before paths "
                    "were read relative to the config file gave it; write it relative to the "
                    "file, or absolute", path, name, old)
         return old

@@ -26,8 +26,8 @@ from keras_transformer.data import corpora, streams
 from keras_transformer.data.text_io import errno_of
 from keras_transformer.data.tokenizers import META_FILE, training_tokenizers
 from keras_transformer.model import Transformer
-from keras_transformer.runs.folder import (LOCK_FILE, Run, check_writable_folder,
-                                           prepare_tokenizers, training_lock, with_vocab_sizes)
+from keras_transformer.runs.files import LOCK_FILE, check_writable_folder, training_lock
+from keras_transformer.runs.folder import Run, prepare_tokenizers, with_vocab_sizes
 from keras_transformer.training import fine_tuning
 from keras_transformer.training.callbacks import EpochLogger, ValidationBleu, default_callbacks
 from keras_transformer.training.losses import (MaskedAccuracy, MaskedLabelSmoothedCrossEntropy,

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_transformer.config import ExperimentConfig
-from keras_transformer.runs.folder import save_weights
+from keras_transformer.runs.weights import save_weights
 from keras_transformer.training.runner import build_model
 
 HERE = Path(__file__).resolve().parent
