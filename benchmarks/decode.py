@@ -28,7 +28,7 @@ compared sentence by sentence.
 
 The "score" search times scoring instead of translating: log P of each (test sentence, its
 reference translation) pair, by the SavedModel's `score` signature and by CTranslate2's
-`score_batch` (`CTranslate2Translator.score`), in the same batches (`translator.score_texts`);
+`score_batch` (`CTranslate2Translator.score`), in the same batches (`texts.score_texts`);
 its tokens/s counts the references' target tokens, and its outputs are compared to within
 1e-3.
 
@@ -125,7 +125,7 @@ def row_server(spec: dict) -> None:
         raise SystemExit(f"decode.py: {spec['cores']} cores asked, {len(cpus)} available")
     os.sched_setaffinity(0, cpus[:spec["cores"]])
     translate = load_row_model(spec)
-    from keras_transformer.decoding.translator import score_texts, translate_texts
+    from keras_transformer.decoding.texts import score_texts, translate_texts
 
     def one_pass():
         start = time.perf_counter()

@@ -178,7 +178,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     from keras_transformer import cli
-    from keras_transformer.decoding.translator import translate_texts
+    from keras_transformer.decoding.texts import translate_texts
 
     model = Path(args.model)
     is_run = (model / "config.yaml").is_file()

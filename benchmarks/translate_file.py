@@ -8,7 +8,7 @@ CTranslate2 float32 and int8), and the first `--limit` unique German captions of
 (`multi30k-captions/train.*.de.gz`) are written to a plain file. For every variant and search
 (greedy, beam 4 on the first `--beam-limit`, sampling), two processes run one after the other:
 
-    decode  the model loaded, the sentences in memory, `translator.translate_texts` (sorted by
+    decode  the model loaded, the sentences in memory, `texts.translate_texts` (sorted by
             length, `--batch-size`, `--workers` batches in flight): what `benchmarks/decode.py`
             times, without its warm-up pass
     file    `keras-transformer translate --model M --source FILE --output OUT --workers W`:
@@ -41,7 +41,7 @@ SEARCH_FLAGS = {"greedy": ["--greedy"], "beam": ["--beam", "4"], "sampling": ["-
 _DECODE = r"""
 import sys, time
 from keras_transformer import cli
-from keras_transformer.decoding.translator import translate_texts
+from keras_transformer.decoding.texts import translate_texts
 model, source, search, workers, batch_size = sys.argv[1:6]
 args = cli.build_parser().parse_args(
     ["translate", "--model", model, "--workers", workers] + sys.argv[6:])

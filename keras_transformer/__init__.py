@@ -23,7 +23,7 @@ _EXPORTS = {
     "TransformerSchedule": "training.schedules", "create_optimizer": "training.schedules",
     "Run": "runs.folder",
     "Translator": "decoding.translator", "translator_from_run": "decoding.translator",
-    "translate_texts": "decoding.translator", "translate_file": "decoding.bulk_translation",
+    "translate_texts": "decoding.texts", "translate_file": "decoding.bulk_translation",
     "Shard": "decoding.bulk_translation",
     "score": "decoding.evaluation",
     "export_run": "export.savedmodel", "export_translator": "export.savedmodel",

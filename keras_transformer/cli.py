@@ -377,7 +377,7 @@ class _Progress:
 
 
 def _translate_lines(args, lines):
-    from keras_transformer.decoding.translator import translate_texts
+    from keras_transformer.decoding.texts import translate_texts
 
     prefixes = None
     if getattr(args, "prefix", None) is not None:
@@ -469,7 +469,7 @@ def _translate(args) -> int:
 
 def _align_lines(args, sources, targets) -> list[str]:
     """The `align` signature of the translating module over (source, translation) pairs."""
-    from keras_transformer.decoding.translator import align_texts
+    from keras_transformer.decoding.texts import align_texts
 
     module = _translator_module(args, **_sampling_settings(args))
     if not hasattr(module, "align"):
@@ -614,7 +614,7 @@ def _score(args) -> int:
     """One line per pair: log P(target | source), log P / lp (as beam search ranks), and the
     target's tokens (END included), tab-separated."""
     from keras_transformer.data.text_io import write_lines
-    from keras_transformer.decoding.translator import score_texts
+    from keras_transformer.decoding.texts import score_texts
 
     _check_output_file(args.output, {"--source": args.source, "--target": args.target})
     sources, targets = _read_aligned(args.source, args.target, args.command)
@@ -670,7 +670,8 @@ def _filter(args) -> int:
 def _tune_search(args) -> int:
     import json
 
-    from keras_transformer.decoding.translator import translator_from_run, tune_search
+    from keras_transformer.decoding.texts import tune_search
+    from keras_transformer.decoding.translator import translator_from_run
 
     _check_output_file(args.output, {"--source": args.source, "--reference": args.reference})
     if args.patience is not None and args.stopping == ["exact"]:

@@ -11,7 +11,8 @@ import tensorflow as tf
 from keras_transformer import MaskedLabelSmoothedCrossEntropy
 from keras_transformer.config import ConfigError, DecodeConfig
 from keras_transformer.data.tokenizers import START_ID
-from keras_transformer.decoding.translator import Translator, align_texts, word_alignments
+from keras_transformer.decoding.texts import align_texts
+from keras_transformer.decoding.translator import Translator, word_alignments
 from keras_transformer.decoding.word_alignment import (WORD_BOUNDARY, hard_alignment, word_attention,
                                               word_indices)
 from helpers import seeded_tiny_model

@@ -127,7 +127,7 @@ def run_cli(monkeypatch, capsys, argv, stdin: bytes = b""):
 
 def expected_translations(export_dir, lines, function="translate_beam"):
     from keras_transformer.export.savedmodel import load_translator
-    from keras_transformer.decoding.translator import translate_texts
+    from keras_transformer.decoding.texts import translate_texts
 
     loaded = load_translator(export_dir)
     return translate_texts(getattr(loaded, function), lines)

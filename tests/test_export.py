@@ -483,7 +483,7 @@ def test_cli_tune_search_scores_every_beam_and_alpha(varied_run_dir, tmp_path):
     import json
 
     from keras_transformer.decoding.evaluation import score
-    from keras_transformer.decoding.translator import translate_texts
+    from keras_transformer.decoding.texts import translate_texts
     from keras_transformer.decoding.translator import translator_from_run
 
     random_run = varied_run_dir
@@ -534,7 +534,8 @@ def test_cli_tune_search_compares_stopping_rules(varied_run_dir, tmp_path):
     import json
 
     from keras_transformer.decoding.evaluation import score
-    from keras_transformer.decoding.translator import Translator, translate_texts, translator_from_run
+    from keras_transformer.decoding.texts import translate_texts
+    from keras_transformer.decoding.translator import Translator, translator_from_run
 
     sources = ["Zwei Hunde spielen im Schnee.", "Ein Mann fährt Fahrrad.", "Eine Frau singt."]
     base = translator_from_run(varied_run_dir, beam_size=3, alpha=1.5)

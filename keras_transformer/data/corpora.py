@@ -40,8 +40,8 @@ import tensorflow_datasets as tfds
 
 from keras_transformer.compat import without_autotuning
 from keras_transformer.config import DATA_ENV, ConfigError, CorpusConfig, DataConfig
-from keras_transformer.data.text_io import (DataError,  # noqa: F401  (DataError: re-exported)
-                                            first_line, read_parallel_lines)
+from keras_transformer.data.text_io import DataError  # noqa: F401  (DataError: re-exported)
+from keras_transformer.data.text_io import first_line, read_parallel_lines
 from keras_transformer.data.tokenizers import UNK_ID, Tokenizer, build_tokenizers, normalize_text
 
 logger = logging.getLogger(__name__)

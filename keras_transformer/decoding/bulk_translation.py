@@ -6,7 +6,7 @@ Back-translation translates hundreds of thousands of lines at a time, so a job m
 kill and split across machines:
 
 - The shard's lines are read in chunks of `chunk_size`; each chunk is translated in batches of
-  similar length (`translator.translate_texts`) and appended to the output in input order, then
+  similar length (`texts.translate_texts`) and appended to the output in input order, then
   flushed to disk. A killed job leaves whole chunks, plus at most one cut line, which the next
   run removes before it resumes at the first untranslated line.
 - A record beside the output (`OUTPUT.resume.json`: source, shard, search settings) says that
@@ -37,7 +37,8 @@ from typing import Callable
 from keras_transformer.config import ConfigError
 from keras_transformer.data.text_io import (DataError, errno_of, one_line, read_user_lines,
                                             write_error)
-from keras_transformer.decoding.translator import TranslateFn, translate_texts
+from keras_transformer.decoding.texts import translate_texts
+from keras_transformer.decoding.translator import TranslateFn
 from keras_transformer.runs.files import atomic_path, process_lock
 
 CHUNK_SIZE = 16384  # lines sorted and written together (at most the loss of a kill)

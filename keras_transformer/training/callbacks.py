@@ -20,7 +20,8 @@ from matplotlib.font_manager import FontProperties
 
 from keras_transformer.config import ExperimentConfig
 from keras_transformer.decoding.evaluation import score
-from keras_transformer.decoding.translator import Translator, translate_texts
+from keras_transformer.decoding.texts import translate_texts
+from keras_transformer.decoding.translator import Translator
 from keras_transformer.runs.folder import Run
 
 logger = logging.getLogger(__name__)
