@@ -852,26 +852,9 @@ def _add_config_arguments(parser):
                         help="override a config value (repeatable), e.g. train.epochs=3")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    verbose = dict(action="store_true",
-                   help="show TensorFlow's start-up logging, and tracebacks of errors")
-    # Before or after the subcommand; SUPPRESS keeps a subcommand's default from overriding a
-    # --verbose given before it.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", default=argparse.SUPPRESS, **verbose)
-    parser = argparse.ArgumentParser(
-        prog="keras-transformer",
-        description="Train, export and serve the Transformer of 'Attention Is All You Need'.")
-    parser.add_argument("-v", "--verbose", default=False, **verbose)
-    parser.add_argument("--version", action="version", version=f"keras-transformer {__version__}")
-    subparsers = parser.add_subparsers(dest="command", required=True)
+# One function a subcommand: `commands.add_parser` gives it the options every subcommand takes.
 
-    class Commands:  # every subcommand takes --verbose too
-        @staticmethod
-        def add_parser(name, **kwargs):
-            return subparsers.add_parser(name, parents=[common], **kwargs)
-
-    commands = Commands()
+def _add_info(commands) -> None:
     info = commands.add_parser("info", help="versions, devices and preset parameter counts; "
                                "with --model, what an export was made from")
     info.add_argument("--preset", action="append",
@@ -879,16 +862,22 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--model", help="an export folder: print its provenance record")
     info.set_defaults(run=_info)
 
+
+def _add_build_vocab(commands) -> None:
     vocab = commands.add_parser("build-vocab", help="learn and write the vocabulary files")
     _add_config_arguments(vocab)
     vocab.add_argument("--output", required=True, help="vocabulary folder to write")
     vocab.set_defaults(run=_build_vocab)
 
+
+def _add_data_stats(commands) -> None:
     stats = commands.add_parser("data-stats", help="pair counts, lengths, batches, padding")
     _add_config_arguments(stats)
     stats.add_argument("--vocab", help="vocabulary folder (default: data.vocab_dir)")
     stats.set_defaults(run=_data_stats)
 
+
+def _add_train(commands) -> None:
     train = commands.add_parser("train", help="train a model with model.fit")
     _add_config_arguments(train)
     train.add_argument("--output", required=True,
@@ -907,6 +896,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "1 on a terminal, 2 into a file or a pipe)")
     train.set_defaults(run=_train)
 
+
+def _add_average(commands) -> None:
     average = commands.add_parser("average", help="average the last N epoch checkpoints")
     average.add_argument("--run", dest="run_dir", required=True, help="run folder")
     average.add_argument("--last", type=int, default=5, help="how many checkpoints")
@@ -915,6 +906,8 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--output", help="weights file (default: RUN/average_lastN.weights.h5)")
     average.set_defaults(run=_average)
 
+
+def _add_export(commands) -> None:
     export = commands.add_parser("export", help="export a run as a SavedModel for TF Serving")
     # dest run_dir: `run` holds the subcommand's function (set_defaults below).
     export.add_argument("--run", dest="run_dir", required=True, help="training run folder")
@@ -935,6 +928,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "THREADS batches at once: the serving machine's cores")
     export.set_defaults(run=_export)
 
+
+def _add_translate(commands) -> None:
     translate = commands.add_parser(
         "translate", help="translate stdin (or --source) to stdout (or --output), line by line")
     _add_translator_arguments(translate)
@@ -958,6 +953,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(decode.alignment_layer's cross-attention; approximate)")
     translate.set_defaults(run=_translate)
 
+
+def _add_evaluate(commands) -> None:
     evaluate = commands.add_parser("evaluate", help="sacreBLEU and chrF of a model on files")
     _add_translator_arguments(evaluate)
     evaluate.add_argument("--source", required=True, help="source text file, one sentence a line")
@@ -965,6 +962,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--output", help="write the hypotheses to this file")
     evaluate.set_defaults(run=_evaluate)
 
+
+def _add_score(commands) -> None:
     score = commands.add_parser(
         "score", help="log-probability of given translations, per line: log P, log P / lp, "
                       "tokens (to filter a corpus or rerank candidates)")
@@ -980,6 +979,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pairs per batch (default: 64)")
     score.set_defaults(run=_score)
 
+
+def _add_filter(commands) -> None:
     corpus_filter = commands.add_parser(
         "filter", help="keep the pairs of a parallel corpus that pass length, repetition and "
                        "score rules (synthetic back-translations above all)")
@@ -1000,6 +1001,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "below S")
     corpus_filter.set_defaults(run=_filter)
 
+
+def _add_tune_search(commands) -> None:
     tune = commands.add_parser(
         "tune-search", help="BLEU of every beam size and alpha on held-out (validation) files")
     tune.add_argument("--run", dest="run_dir", required=True, help="training run folder")
@@ -1022,6 +1025,32 @@ def build_parser() -> argparse.ArgumentParser:
                       help="batches translated at once (default: 1)")
     tune.add_argument("--output", help="write the results and the best setting as JSON")
     tune.set_defaults(run=_tune_search)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    verbose = dict(action="store_true",
+                   help="show TensorFlow's start-up logging, and tracebacks of errors")
+    # Before or after the subcommand; SUPPRESS keeps a subcommand's default from overriding a
+    # --verbose given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", default=argparse.SUPPRESS, **verbose)
+    parser = argparse.ArgumentParser(
+        prog="keras-transformer",
+        description="Train, export and serve the Transformer of 'Attention Is All You Need'.")
+    parser.add_argument("-v", "--verbose", default=False, **verbose)
+    parser.add_argument("--version", action="version", version=f"keras-transformer {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+
+    class Commands:  # every subcommand takes --verbose too
+        @staticmethod
+        def add_parser(name, **kwargs):
+            return subparsers.add_parser(name, parents=[common], **kwargs)
+
+    commands = Commands()
+    for add in (_add_info, _add_build_vocab, _add_data_stats, _add_train, _add_average,
+                _add_export, _add_translate, _add_evaluate, _add_score, _add_filter,
+                _add_tune_search):  # one function a subcommand, in the order of --help
+        add(commands)
     return parser
 
 
