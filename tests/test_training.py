@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from keras_transformer import data as data_lib
+from keras_transformer.data import streams
 from keras_transformer.training import runner as training
 from keras_transformer.config import ConfigError
 from keras_transformer.runs.folder import Run
@@ -285,8 +286,8 @@ def test_subword_sampling_reaches_the_training_batches_only(tiny_experiment, tmp
         seen.append((True, source.samples, target.samples))
         return stream(pairs, source, target, data_config, **kwargs)
 
-    monkeypatch.setattr(data_lib, "make_batches", spy)
-    monkeypatch.setattr(data_lib, "TrainingStream", spy_stream)
+    monkeypatch.setattr(streams, "make_batches", spy)  # where training.train looks them up
+    monkeypatch.setattr(streams, "TrainingStream", spy_stream)
     history = training.train(config, tmp_path, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
     assert sorted(set(seen)) == [(False, False, False), (True, True, True)]
