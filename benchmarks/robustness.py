@@ -167,6 +167,9 @@ def parse_args(argv=None):
     parser.add_argument("--greedy", action="store_true", help="greedy search (default: beam)")
     parser.add_argument("--no-repeat-ngram-size", type=int, default=None)
     parser.add_argument("--repetition-penalty", type=float, default=None)
+    parser.add_argument("--case-folding", action="store_true",
+                        help="translate with case folding (a run's data.case_folding, or an "
+                             "export made with it)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--limit", type=int, default=None, help="first N sentences of a set")
     parser.add_argument("--seed", type=int, default=0)
@@ -191,13 +194,15 @@ def main(argv=None) -> int:
         target_lang = args.target_lang or data.target_lang
     command = ["translate", "--run" if is_run else "--model", str(model)]
     command += ["--greedy"] if args.greedy else []
+    command += ["--case-folding"] if args.case_folding else []
     for flag, value in (("--no-repeat-ngram-size", args.no_repeat_ngram_size),
                         ("--repetition-penalty", args.repetition_penalty)):
         command += [] if value is None else [flag, str(value)]
     translate = cli._translate_function(cli.build_parser().parse_args(command))
     results = {"model": str(model), "search": "greedy" if args.greedy else "beam",
                "no_repeat_ngram_size": args.no_repeat_ngram_size,
-               "repetition_penalty": args.repetition_penalty, "sets": {}}
+               "repetition_penalty": args.repetition_penalty,
+               "case_folding": args.case_folding, "sets": {}}
     print(f"{'set':8} {'input':7} {'BLEU(lc)':>8} {'vs clean':>8} {'degen/1000':>10} "
           f"{'kept %':>6}")
     for name, (sources, references) in test_sets(args, source_lang, target_lang).items():

@@ -218,7 +218,8 @@ def _export(args) -> int:
     batching = None if args.batching is None else RequestBatching(num_batch_threads=args.batching)
     path = export_run(args.run_dir, args.output, version=args.version, weights=args.weights,
                       beam_size=args.beam, alpha=args.alpha,
-                      format=args.format, quantization=args.quantization, batching=batching)
+                      format=args.format, quantization=args.quantization, batching=batching,
+                      case_folding=True if args.case_folding else None)
     print(f"exported {args.run_dir} to {path}")
     return 0
 
@@ -540,12 +541,13 @@ GUARD_FLAGS = {"no_repeat_ngram_size": "--no-repeat-ngram-size",
 def _load_translator_module(args, **decode_settings):
     guard = {key: getattr(args, key) for key in GUARD_FLAGS
              if getattr(args, key, None) is not None}
+    case_folding = True if getattr(args, "case_folding", False) else None
     if args.run_dir:
         from keras_transformer.decoding.translator import translator_from_run
 
         return translator_from_run(args.run_dir, weights=args.weights or "best",
                                    beam_size=getattr(args, "beam", None), **decode_settings,
-                                   **guard)
+                                   case_folding=case_folding, **guard)
     from keras_transformer.export.savedmodel import load_any, read_provenance
 
     if args.weights is not None:
@@ -561,6 +563,12 @@ def _load_translator_module(args, **decode_settings):
                     f"{GUARD_FLAGS[key]} {value}: {args.model} was exported with {key} "
                     f"{exported.get(key, defaults[key])}; export again with --set "
                     f"decode.{key}={value}, or use --run")
+    exported_folding = getattr(module, "case_folding", None)  # CTranslate2: its setting
+    if exported_folding is None:
+        exported_folding = read_provenance(args.model).get("case_folding", "none") != "none"
+    if case_folding and not exported_folding:
+        raise ConfigError(f"--case-folding: {args.model} was exported without case folding; "
+                          "export again with --case-folding, or use --run")
     return module
 
 
@@ -837,6 +845,10 @@ def _add_translator_arguments(parser):
                         type=_repetition_penalty, metavar="P",
                         help="divide the logits of tokens already in the output by P (1: off;"
                              " default: the run's or export's decode.repetition_penalty)")
+    parser.add_argument("--case-folding", action="store_true",
+                        help="translate a source in capitals or title case lowercased and put "
+                             "the translation back into that case (default: the run's "
+                             "data.case_folding, or the export's)")
     parser.add_argument("--weights",
                         help="with --run: best, last, or a weight file (default: best)")
     parser.add_argument("--batch-size", type=_positive_int, default=64,
@@ -918,6 +930,9 @@ def _add_export(commands) -> None:
                         "(default: the run's decode.beam_size)")
     export.add_argument("--alpha", type=_alpha, help="length penalty (default: decode.alpha)")
     export.add_argument("--weights", default="best", help="best, last, or a weight file")
+    export.add_argument("--case-folding", action="store_true",
+                        help="fold the case of sources in capitals or title case and recase "
+                             "their translations (default: the run's data.case_folding)")
     export.add_argument("--format", choices=EXPORT_FORMATS, default=EXPORT_FORMATS[0],
                         help="savedmodel (TF Serving; OUTPUT/VERSION/) or ctranslate2 (a "
                              "CTranslate2 model folder at OUTPUT; needs the ctranslate2 extra)")

@@ -268,6 +268,10 @@ class DataConfig:
     # spans both sides of a pair have, translation masks the source's and puts them back.
     # sentencepiece only; a vocabulary built without them cannot be used with them.
     placeholders: bool = False
+    # A source in capitals or title case is lowercased before tokenizing, in training (after
+    # the modifiers) and translation, and its translation put back into that case
+    # (keras_transformer.data.casing).
+    case_folding: bool = False
 
     def __post_init__(self):
         _check_choice("data.tokenizer", self.tokenizer, ("sentencepiece", "wordpiece"))

@@ -39,6 +39,7 @@ import re
 import string
 from typing import Sequence
 
+from keras_transformer.data.casing import fold_case
 from keras_transformer.data.placeholders import mask_pair
 
 TYPO_RATE = 1 / 6  # the share of a typo sentence's words that get a typo
@@ -196,11 +197,13 @@ def insert_span(source: str, target: str, span: str, rng: random.Random) -> tupl
 
 
 def modify_pair(source: str, target: str, shares: dict, rng: random.Random, *,
-                case_target: bool = False, placeholders: bool = False) -> tuple[str, str]:
+                case_target: bool = False, placeholders: bool = False,
+                case_folding: bool = False) -> tuple[str, str]:
     """One pair through each modifier of `shares` ({name: share of pairs}, names from
     `MODIFIERS`), each drawn independently; a leading tag (``<BT>``) and empty pairs kept.
-    Case changes the target as well only with `case_target`. With `placeholders`, the spans
-    both sides then have are masked (`placeholders.mask_pair`)."""
+    Case changes the target as well only with `case_target`. With `case_folding`, a source
+    then in capitals or title case is lowercased (`casing.fold_case`); with `placeholders`, the
+    spans both sides then have are masked (`placeholders.mask_pair`)."""
     if not source or not target:
         return source, target
     tag = ""
@@ -219,6 +222,8 @@ def modify_pair(source: str, target: str, shares: dict, rng: random.Random, *,
             source, target = title_case(source), title_case(target) if case_target else target
         else:
             source, target = insert_span(source, target, random_span(rng), rng)
+    if case_folding:
+        source, _ = fold_case(source)
     if placeholders:
         source, target = mask_pair(source, target)
     return tag + source, target
@@ -226,12 +231,14 @@ def modify_pair(source: str, target: str, shares: dict, rng: random.Random, *,
 
 def modify_batch(sources: Sequence[bytes], targets: Sequence[bytes], shares: dict, seed: int,
                  pass_index: int, batch_index: int, *, case_target: bool = False,
-                 placeholders: bool = False) -> tuple[list[bytes], list[bytes]]:
+                 placeholders: bool = False,
+                 case_folding: bool = False) -> tuple[list[bytes], list[bytes]]:
     """`modify_pair` over a batch of UTF-8 pairs, the random draws a function of (seed,
     pass_index, batch_index) and the pairs alone."""
     rng = random.Random((int(seed) * 1_000_003 + int(pass_index)) * 1_000_003
                         + int(batch_index))
     modified = [modify_pair(s.decode("utf-8"), t.decode("utf-8"), shares, rng,
-                            case_target=case_target, placeholders=placeholders)
+                            case_target=case_target, placeholders=placeholders,
+                            case_folding=case_folding)
                 for s, t in zip(sources, targets)]
     return ([s.encode("utf-8") for s, _ in modified], [t.encode("utf-8") for _, t in modified])

@@ -33,6 +33,9 @@ import re
 MAX_SPANS = 8  # placeholders a sentence can have; later spans stay in the text
 SYMBOLS = tuple(f"<ph{index}>" for index in range(MAX_SPANS))
 PLACEHOLDER_PATTERN = "<ph[0-9]>"
+# What `unmask` replaces: a placeholder as the model writes it, or upper-cased with the
+# output (`casing.restore_case`).
+OUTPUT_PLACEHOLDER_PATTERN = "<[pP][hH][0-9]>"
 
 # Emoji blocks: regional indicators (flags), pictographs, emoticons, transport, supplemental
 # symbols and pictographs, and the older miscellaneous symbols and dingbats; then U+FE0F (the
@@ -49,7 +52,7 @@ SPAN_PATTERN = "|".join((
 ))
 _SPAN = re.compile(SPAN_PATTERN)
 WORD_BOUNDARY = "\u2581"  # SentencePiece's mark of a word start (word_alignment.WORD_BOUNDARY)
-_PLACEHOLDER = re.compile(PLACEHOLDER_PATTERN)
+_OUTPUT_PLACEHOLDER = re.compile(OUTPUT_PLACEHOLDER_PATTERN)
 
 
 def in_vocabulary(piece_to_id, unk_id: int) -> bool:
@@ -84,12 +87,12 @@ def mask(text: str) -> tuple[str, list[str]]:
 
 
 def unmask(text: str, spans_of_source: list[str]) -> str:
-    """`text` with each placeholder ``<phK>`` replaced by `spans_of_source[K]`, or removed where
-    the source had no K-th span."""
+    """`text` with each placeholder ``<phK>`` (or ``<PHK>``) replaced by `spans_of_source[K]`,
+    or removed where the source had no K-th span."""
     def replace(match):
         index = int(match[0][3:-1])
         return spans_of_source[index] if index < len(spans_of_source) else ""
-    return _PLACEHOLDER.sub(replace, text)
+    return _OUTPUT_PLACEHOLDER.sub(replace, text)
 
 
 def mask_pair(source: str, target: str) -> tuple[str, str]:

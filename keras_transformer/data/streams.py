@@ -220,7 +220,8 @@ class TrainingStream:
         self.accumulate_steps = accumulate_steps
         self._tokenizers = (source_tokenizer, target_tokenizer)
         self._modifiers = data_config.modifiers.shares()
-        self._modify = bool(self._modifiers or data_config.placeholders)
+        self._modify = bool(self._modifiers or data_config.placeholders
+                            or data_config.case_folding)
         # A pass's tokens differ from the last pass's when the tokenizer samples segmentations
         # or the modifiers change the text: then each pass tokenizes anew.
         self._per_pass = bool(source_tokenizer.samples or target_tokenizer.samples
@@ -250,18 +251,18 @@ class TrainingStream:
         return examples
 
     def _modified(self, pairs: tf.data.Dataset, index) -> tf.data.Dataset:
-        """Text `pairs` of pass `index` through `data.modifiers` and `data.placeholders`
-        (`modifiers.modify_batch`), the draws a function of the seed, the pass and the pairs'
-        place in it."""
+        """Text `pairs` of pass `index` through `data.modifiers`, `data.case_folding` and
+        `data.placeholders` (`modifiers.modify_batch`), the draws a function of the seed, the
+        pass and the pairs' place in it."""
         shares, seed = self._modifiers, self.seed
         case_target = self.data_config.modifiers.case_target
-        placeholders = self.data_config.placeholders
+        placeholders, case_folding = self.data_config.placeholders, self.data_config.case_folding
 
         def modify(batch_index, pairs):
             sources, targets = tf.numpy_function(
                 lambda s, t, i, b: tuple(np.array(side, object) for side in modify_batch(
                     s, t, shares, seed, i, b, case_target=case_target,
-                    placeholders=placeholders)),
+                    placeholders=placeholders, case_folding=case_folding)),
                 [*pairs, tf.cast(index, tf.int64), batch_index],
                 (tf.string, tf.string), stateful=False)
             return tf.ensure_shape(sources, [None]), tf.ensure_shape(targets, [None])

@@ -46,8 +46,8 @@ from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset
 from keras_transformer.config import (END_ID, PAD_ID,  # noqa: F401 (the reserved ids, re-exported)
                                       SENTENCEPIECE_FILE, START_ID, UNK_ID, ConfigError,
                                       DataConfig)
-from keras_transformer.data import placeholders
-from keras_transformer.data.placeholders import (MAX_SPANS, PLACEHOLDER_PATTERN, SPAN_PATTERN,
+from keras_transformer.data import casing, placeholders
+from keras_transformer.data.placeholders import (MAX_SPANS, OUTPUT_PLACEHOLDER_PATTERN, SPAN_PATTERN,
                                                  SYMBOLS)
 from keras_transformer.data.text_io import (errno_of, partial_path, remove_dead_partials,
                                             write_error)
@@ -99,6 +99,46 @@ def normalize_text(strings):
     return tf.strings.strip(tf.strings.regex_replace(strings, WHITESPACE_PATTERN, " "))
 
 
+def case_form(strings):
+    """string [batch] -> int32 [batch]: `casing.CAPITALS`, `casing.TITLE` or
+    `casing.ORDINARY` of each text (`casing.case_form` as TensorFlow ops)."""
+    def count(texts, drop):  # the characters of `texts` left after removing `drop`
+        return tf.strings.length(tf.strings.regex_replace(texts, drop, ""), unit="UTF8_CHAR")
+
+    letters, capitals = count(strings, r"\P{L}"), count(strings, r"\P{Lu}")
+    share = casing.CAPITAL_SHARE
+    in_capitals = (letters >= casing.MIN_LETTERS) & (capitals * share[1] >= letters * share[0])
+    words = tf.strings.split(strings, " ")  # ragged [batch, (words)]
+    long = words.with_flat_values(count(words.flat_values, r"\P{L}") >= 2)
+    capital_first = words.with_flat_values(
+        tf.strings.regex_full_match(words.flat_values, r"\P{L}*\p{Lu}.*"))
+    long_words = tf.reduce_sum(tf.cast(long, tf.int32), axis=1)
+    in_title = (long_words >= casing.TITLE_WORDS) & tf.reduce_all(
+        tf.logical_or(tf.logical_not(long), capital_first), axis=1)
+    return tf.where(in_capitals, casing.CAPITALS,
+                    tf.where(in_title, casing.TITLE, casing.ORDINARY))
+
+
+def fold_case(strings):
+    """string [batch] -> (string [batch], int32 [batch]): the texts in capitals or title case
+    lowercased, and each text's `case_form` (`casing.fold_case` as TensorFlow ops)."""
+    form = case_form(strings)
+    return tf.where(form != casing.ORDINARY, tf.strings.lower(strings, encoding="utf-8"),
+                    strings), form
+
+
+def restore_case(texts, form):
+    """string [batch], int32 [batch] -> string [batch]: each text in the case `form` of its
+    source (`casing.restore_case` as TensorFlow ops)."""
+    chars = tf.strings.unicode_split(tf.strings.split(texts, " "), "UTF-8")  # [b, (w), (c)]
+    first = tf.strings.upper(tf.strings.reduce_join(chars[:, :, :1], axis=-1), encoding="utf-8")
+    titled = tf.strings.reduce_join(
+        tf.strings.join([first, tf.strings.reduce_join(chars[:, :, 1:], axis=-1)]),
+        axis=-1, separator=" ")
+    return tf.where(form == casing.CAPITALS, tf.strings.upper(texts, encoding="utf-8"),
+                    tf.where(form == casing.TITLE, titled, texts))
+
+
 def mask_spans(strings):
     """string [batch] -> (string [batch], string [batch, (spans)]): each text with its first
     `placeholders.MAX_SPANS` spans (numbers, web addresses, emoji) replaced by ``<ph0>``,
@@ -120,11 +160,12 @@ def mask_spans(strings):
 
 def unmask_spans(texts, spans):
     """string [batch], string [batch, (spans)] -> string [batch]: each placeholder ``<phK>``
-    replaced by its row's K-th span, or removed where the row has none (`placeholders.unmask`
+    (or ``<PHK>``) replaced by its row's K-th span, or removed where the row has none (`placeholders.unmask`
     as TensorFlow ops, byte for byte)."""
-    pieces, _, _ = text.regex_split_with_offsets(texts, PLACEHOLDER_PATTERN, PLACEHOLDER_PATTERN)
+    pattern = OUTPUT_PLACEHOLDER_PATTERN
+    pieces, _, _ = text.regex_split_with_offsets(texts, pattern, pattern)
     flat, rows = pieces.flat_values, pieces.value_rowids()
-    is_placeholder = tf.strings.regex_full_match(flat, PLACEHOLDER_PATTERN)
+    is_placeholder = tf.strings.regex_full_match(flat, pattern)
     digit = tf.strings.substr(tf.where(is_placeholder, flat, SYMBOLS[0]), 3, 1)  # <phK>: K
     index = tf.strings.to_number(digit, tf.int64)
     found = is_placeholder & (index < tf.gather(spans.row_lengths(), rows))

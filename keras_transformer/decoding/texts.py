@@ -158,7 +158,8 @@ def tune_search(translator, sources: Sequence[str], references: Sequence[str],
                 patience=translator.decode_config.patience if patience is None else patience)
             searches[beam_size, stopping, patience] = Translator(
                 translator.model, translator.source_tokenizer, translator.target_tokenizer,
-                decode_config, max_source_length=translator.max_source_length)
+                decode_config, max_source_length=translator.max_source_length,
+                case_folding=translator.case_folding)
         return searches[beam_size, stopping, patience]
 
     results, signature = [], None

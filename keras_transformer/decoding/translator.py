@@ -61,8 +61,9 @@ import tensorflow as tf
 
 from keras_transformer.config import ConfigError, DecodeConfig
 from keras_transformer.data import tokenizers
-from keras_transformer.data.tokenizers import (END_ID, PAD_ID, START_ID, Tokenizer, mask_spans,
-                                               normalize_text, unmask_spans)
+from keras_transformer.data.tokenizers import (END_ID, PAD_ID, START_ID, Tokenizer, fold_case,
+                                               mask_spans, normalize_text, restore_case,
+                                               unmask_spans)
 from keras_transformer.decoding import strategies as decoding
 from keras_transformer.decoding.search_rules import STOPPING_RULES, kept_source_tokens, output_cap
 from keras_transformer.model import Transformer
@@ -126,11 +127,14 @@ class Translator(tf.Module):
             reads (and a SavedModel stores) those instead of the model's variables, and later
             changes to the model's weights do not reach it. For exports and fixed runs;
             training's validation translates with live weights.
+        case_folding: translate a source in capitals or title case lowercased, and put its
+            translation back into that case (`data.case_folding`, `tokenizers.fold_case`).
     """
 
     def __init__(self, model: Transformer, source_tokenizer: Tokenizer,
                  target_tokenizer: Tokenizer, decode_config: DecodeConfig = DecodeConfig(),
-                 max_source_length: int | None = None, frozen_weights: bool = False, name=None):
+                 max_source_length: int | None = None, frozen_weights: bool = False,
+                 case_folding: bool = False, name=None):
         super().__init__(name=name)
         if decode_config.beam_size > target_tokenizer.vocab_size:
             raise ConfigError(f"decode.beam_size={decode_config.beam_size} is larger than the "
@@ -143,6 +147,7 @@ class Translator(tf.Module):
         # A vocabulary built with data.placeholders: numbers, addresses and emoji of the source
         # travel as placeholders (`tokenizers.mask_spans`) and are put back into the output.
         self.placeholders = source_tokenizer.placeholders and target_tokenizer.placeholders
+        self.case_folding = case_folding
         self.decode_config = decode_config
         layers = model.config.decoder_layers
         if not -layers <= decode_config.alignment_layer < layers:
@@ -233,8 +238,10 @@ class Translator(tf.Module):
         translation must start with (any search; see `_decode`); the strategy's
         `signature_inputs` and `prefix` have a row per source.
 
-        Sources are normalized (`normalize_text`), and with a vocabulary that has placeholders
-        their spans masked (`mask_spans`; put back into every output); the ones left without
+        Sources are normalized (`normalize_text`), with a vocabulary that has placeholders
+        their spans masked (`mask_spans`; put back into every output), and with
+        `case_folding` those in capitals or title case lowercased (`fold_case`; every output
+        put back into their case); the ones left without
         words get "" with
         score 0 (nbest: then empty slots) and are not decoded. The decoded sentences see
         exactly the batch they would see without the others (so their outputs are bitwise the
@@ -255,13 +262,18 @@ class Translator(tf.Module):
             no_words = {"translation": "", "score": 0.0}
         no_words = {key: tf.constant(value) for key, value in no_words.items()}
         source = normalize_text(source)
-        spans = None
+        spans = forms = None
         if self.placeholders:
             source, spans = mask_spans(source)
+        if self.case_folding:
+            source, forms = fold_case(source)
 
         def detokenize(ids, rows):
-            """ids `[n, len]` of the sources `rows` `[n]` -> string `[n]`, spans put back."""
+            """ids `[n, len]` of the sources `rows` `[n]` -> string `[n]`, in the sources' case
+            and with their spans put back."""
             texts = self.target_tokenizer.detokenize(ids)
+            if forms is not None:
+                texts = restore_case(texts, tf.gather(forms, rows))
             return texts if spans is None else unmask_spans(texts, tf.gather(spans, rows))
 
         has_words = tf.strings.length(source) > 0  # [batch]
@@ -596,7 +608,7 @@ def _shared_variables(tensors: list) -> list:
 
 def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
                         beam_size: int | None = None, alpha: float | None = None,
-                        **decode_settings) -> Translator:
+                        case_folding: bool | None = None, **decode_settings) -> Translator:
     """A Translator over a training run's never-compiled model and tokenizers, its weights
     frozen (`Translator(frozen_weights=True)`).
 
@@ -605,6 +617,7 @@ def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
         weights: "best", "last", or a weight file's path.
         beam_size, alpha, decode_settings: override the run's `decode` settings (None: keep
             the run's), e.g. `sampling_topk=10`.
+        case_folding: override the run's `data.case_folding` (None: keep the run's).
     """
     run = Run(run_dir)
     config = run.config
@@ -617,4 +630,6 @@ def translator_from_run(run_dir: str | os.PathLike, *, weights: str = "best",
     source_tokenizer, target_tokenizer = run.tokenizers()
     model = run.load_model(weights)
     return Translator(model, source_tokenizer, target_tokenizer, decode_config,
-                      max_source_length=config.data.max_pair_length, frozen_weights=True)
+                      max_source_length=config.data.max_pair_length, frozen_weights=True,
+                      case_folding=config.data.case_folding if case_folding is None
+                      else case_folding)

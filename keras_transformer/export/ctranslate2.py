@@ -58,7 +58,8 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
                        target_tokenizer: Tokenizer, decode_config: DecodeConfig,
                        output_dir: str | os.PathLike, *, quantization: str = "float32",
                        provenance: dict | None = None,
-                       max_source_length: int | None = None) -> Path:
+                       max_source_length: int | None = None,
+                       case_folding: bool = False) -> Path:
     """Writes `model` as a CTranslate2 model folder at `output_dir` (which must not exist).
 
     The folder holds CTranslate2's files, the SentencePiece model and `keras_transformer.json`
@@ -77,6 +78,8 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
         provenance: optional JSON-serializable facts about the model (run, weights, commit).
         max_source_length: sources are truncated to this many tokens, START and END included
             (default and upper bound: the model's `max_positions`), as `Translator` does.
+        case_folding: the runtime folds the case of sources in capitals or title case and
+            recases their translations, as `Translator(case_folding=True)` does.
 
     Returns:
         the export folder.
@@ -89,7 +92,8 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"quantization={quantization!r} is not one of "
                           f"{', '.join(map(repr, QUANTIZATIONS))}")
-    settings = export_settings(model, decode_config, quantization, max_source_length)
+    settings = export_settings(model, decode_config, quantization, max_source_length,
+                               case_folding)
     clashes = sorted((set(settings) | {MODEL_CHECKSUM, VOCABULARY_CHECKSUMS})
                      & set(provenance or {}))
     if clashes:
@@ -123,7 +127,7 @@ def export_ctranslate2(model: Transformer, source_tokenizer: Tokenizer,
 
 
 def export_settings(model: Transformer, decode_config: DecodeConfig, quantization: str,
-                    max_source_length: int | None = None) -> dict:
+                    max_source_length: int | None = None, case_folding: bool = False) -> dict:
     """The contents of `keras_transformer.json` (before provenance)."""
     positions = model.config.max_positions
     return {
@@ -145,6 +149,7 @@ def export_settings(model: Transformer, decode_config: DecodeConfig, quantizatio
         "source_end": "</s>",
         "sentencepiece_model": SENTENCEPIECE_FILE,
         "quantization": quantization,
+        "case_folding": case_folding,  # data.case_folding: the runtime folds and recases
     }
 
 

@@ -34,7 +34,7 @@ import sentencepiece
 
 from keras_transformer.config import (PROVENANCE_FILE, VOCABULARY_CHECKSUMS, ConfigError,
                                       DecodeConfig)
-from keras_transformer.data import placeholders
+from keras_transformer.data import casing, placeholders
 from keras_transformer.data.text_io import changed_file, file_sha256, first_line
 from keras_transformer.data.text_normalization import normalize
 from keras_transformer.decoding.search_rules import (NEG_INF, cannot_improve, finished_to_stop,
@@ -118,6 +118,7 @@ class CTranslate2Translator:
             # A vocabulary built with data.placeholders: as `Translator.placeholders`.
             self.placeholders = placeholders.in_vocabulary(self.processor.piece_to_id,
                                                            self.processor.unk_id())
+            self.case_folding = bool(self.settings.get("case_folding", False))
             # the reserved ids (PAD 0, START 1, END 2 in every model `tokenizers` trains)
             self.pad_id = self.processor.pad_id()
             self.start_id = self.processor.bos_id()
@@ -217,7 +218,7 @@ class CTranslate2Translator:
         sources, prefixes = _strings(batch), _strings(prefixes)
         if len(sources) != len(prefixes):
             raise ConfigError(f"{len(sources)} sources for {len(prefixes)} prefixes")
-        pieces = [self._source_pieces(self._masked(normalize(text))) for text in sources]
+        pieces = [self._source_pieces(self._masked(text)) for text in sources]
         forced = [self.processor.encode(normalize(text).decode("utf-8"), out_type=str)[
             :self.max_positions - 1] for text in prefixes]
         rows = [index for index, source in enumerate(pieces) if source is not None]
@@ -314,7 +315,7 @@ class CTranslate2Translator:
         """Runs `decode(sources, cap)` on each group of sources with the same output cap (with
         the "native" rule: on all of them at once, with the longest cap, each output then cut
         at its own cap); `not_decoded` stands for empty sources."""
-        sources = [self._source_pieces(self._masked(normalize(text))) for text in _strings(batch)]
+        sources = [self._source_pieces(self._masked(text)) for text in _strings(batch)]
         caps = {index: self._cap(pieces) for index, pieces in enumerate(sources)
                 if pieces is not None}
         groups = defaultdict(list)
@@ -338,17 +339,28 @@ class CTranslate2Translator:
                 [self.processor.encode(normalize(text).decode("utf-8"), out_type=str)[
                     :self.max_positions - 1] for text in targets])
 
-    def _masked(self, source: bytes) -> bytes:
-        """A normalized source with its spans masked (`placeholders.mask`), if the vocabulary
-        has placeholders."""
-        return placeholders.mask(source.decode("utf-8"))[0].encode("utf-8") \
-            if self.placeholders else source
+    def _prepared(self, source) -> tuple[bytes, list[str] | None, int | None]:
+        """A source as the model reads it, as `Translator.translate` prepares it: normalized,
+        its spans masked if the vocabulary has placeholders (`placeholders.mask`), its case
+        folded with case folding (`casing.fold_case`); and what puts the output back: the
+        spans (None without placeholders) and the case form (None without case folding)."""
+        text = normalize(source).decode("utf-8")
+        spans = form = None
+        if self.placeholders:
+            text, spans = placeholders.mask(text)
+        if self.case_folding:
+            text, form = casing.fold_case(text)
+        return text.encode("utf-8"), spans, form
 
-    def _spans(self, batch) -> list[list[str]] | None:
-        """The masked spans of each source (`placeholders.mask`), None without placeholders."""
-        if not self.placeholders:
+    def _masked(self, source) -> bytes:
+        """`_prepared`'s text of `source`."""
+        return self._prepared(source)[0]
+
+    def _spans(self, batch) -> list[tuple] | None:
+        """Per source what puts its outputs back (`_prepared`), None when nothing does."""
+        if not (self.placeholders or self.case_folding):
             return None
-        return [placeholders.mask(normalize(text).decode("utf-8"))[1] for text in _strings(batch)]
+        return [self._prepared(text)[1:] for text in _strings(batch)]
 
     def _source_pieces(self, source: bytes) -> list[str] | None:
         """The pieces of a normalized source, truncated so that with START and END they fit
@@ -485,17 +497,20 @@ class CTranslate2Translator:
         return [([self.processor.piece_to_id(piece) for piece in tokens], score)
                 for tokens, score in zip(result.hypotheses, result.scores)]
 
-    def _texts(self, hypotheses: list, spans: list[list[str]] | None = None) -> np.ndarray:
+    def _texts(self, hypotheses: list, restore: list[tuple] | None = None) -> np.ndarray:
         """(ids, score) pairs -> object array of UTF-8 bytes, as `Tokenizer.detokenize`
-        makes them (PAD and START dropped, cut at the first END), with each hypothesis's
-        source `spans` put back (`placeholders.unmask`) if given."""
+        makes them (PAD and START dropped, cut at the first END), each put back by its
+        source's (spans, case form) in `restore` (`_spans`) if given: recased
+        (`casing.restore_case`), then its spans put back (`placeholders.unmask`)."""
         texts = np.empty(len(hypotheses), dtype=object)
         for index, (ids, _) in enumerate(hypotheses):
             if self.end_id in ids:
                 ids = ids[:ids.index(self.end_id)]
             text = self.processor.decode([i for i in ids if i not in (self.pad_id, self.start_id)])
-            if spans is not None:
-                text = placeholders.unmask(text, spans[index])
+            if restore is not None:
+                spans, form = restore[index]
+                text = text if form is None else casing.restore_case(text, form)
+                text = text if spans is None else placeholders.unmask(text, spans)
             texts[index] = text.encode("utf-8")
         return texts
 

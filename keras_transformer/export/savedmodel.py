@@ -149,7 +149,7 @@ def export_translator(translator: Translator, export_dir: str | os.PathLike, *,
         translator = Translator(translator.model, translator.source_tokenizer,
                                 translator.target_tokenizer, translator.decode_config,
                                 max_source_length=translator.max_source_length,
-                                frozen_weights=True)
+                                frozen_weights=True, case_folding=translator.case_folding)
     remove_dead_partials(export_dir.parent)
     partial = partial_path(export_dir)
     module = translator if batching is None else BatchingTranslator(translator, batching)
@@ -192,6 +192,9 @@ def translator_provenance(translator: Translator) -> dict:
         "placeholders": ("numbers, web addresses and emoji of the source as <ph0>...<ph7>, "
                          "put back into the outputs (keras_transformer.data.placeholders)"
                          if translator.placeholders else "none"),
+        "case_folding": ("a source in capitals or title case is lowercased and its "
+                         "translation put back into that case (keras_transformer.data.casing)"
+                         if translator.case_folding else "none"),
         "reserved_ids": {"pad": PAD_ID, "start": START_ID, "end": END_ID, "unk": UNK_ID},
         "search": {"serving_default": f"beam search, beam {decode.beam_size}",
                    "beam_size": decode.beam_size, "alpha": decode.alpha,
@@ -288,7 +291,7 @@ def export_run(run_dir: str | os.PathLike, model_root: str | os.PathLike, *,
     version; `batching`: see `RequestBatching`), or with `format="ctranslate2"` a CTranslate2
     model folder at `model_root` itself (`quantization` float32, int8, bfloat16, ...).
 
-    `translator_args` go to `translator_from_run` (weights, beam_size, alpha).
+    `translator_args` go to `translator_from_run` (weights, beam_size, alpha, case_folding).
     A `model_root` that cannot be written, or an existing version, is refused before the model
     is loaded.
     """
@@ -338,7 +341,8 @@ def _export_run_ctranslate2(run_dir, output_dir, quantization, **translator_args
     return export_ctranslate2(translator.model, translator.source_tokenizer,
                               translator.target_tokenizer, translator.decode_config, output_dir,
                               quantization=quantization, provenance=provenance,
-                              max_source_length=translator.max_source_length)
+                              max_source_length=translator.max_source_length,
+                              case_folding=translator.case_folding)
 
 
 def load_any(export_dir: str | os.PathLike, **ctranslate2_args):

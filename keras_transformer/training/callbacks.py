@@ -343,6 +343,7 @@ class ValidationBleu(keras.callbacks.Callback):
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer
         self.decode_config = config.decode
+        self.case_folding = config.data.case_folding
         self.log_dir = str(log_dir)
         self.examples = examples
         self.batch_size = batch_size
@@ -352,7 +353,7 @@ class ValidationBleu(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         # Built once, so its tf.function traces once for the whole run.
         self._translator = Translator(self.model, self.source_tokenizer, self.target_tokenizer,
-                                      self.decode_config)
+                                      self.decode_config, case_folding=self.case_folding)
 
     def on_epoch_end(self, epoch, logs=None):
         hypotheses = translate_texts(self._translator.translate_greedy, self.sources,
