@@ -188,7 +188,7 @@ def translator_provenance(translator: Translator) -> dict:
                             "target": translator.target_tokenizer.vocab_size},
         "source_normalization": NORMALIZATION,
         "source_markers": f"START (id {START_ID}) and END (id {END_ID}) around every source",
-        "placeholders": (f"numbers, web addresses and emoji of the source as <ph0>...<ph7>, "
+        "placeholders": ("numbers, web addresses and emoji of the source as <ph0>...<ph7>, "
                          "put back into the outputs (keras_transformer.placeholders)"
                          if translator.placeholders else "none"),
         "reserved_ids": {"pad": PAD_ID, "start": START_ID, "end": END_ID, "unk": UNK_ID},
