@@ -7,6 +7,7 @@ command line's `--help`) does not import TensorFlow.
 """
 
 import importlib
+import sys
 
 __version__ = "0.1.0"
 
@@ -34,12 +35,20 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 
-def __getattr__(name):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"keras_transformer.{_EXPORTS[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'keras_transformer' has no attribute {name!r}")
+def lazy_attributes(package: str, exports: dict):
+    """A `__getattr__` for the package named `package` (PEP 562): each name of `exports`
+    ({name: module below the package}) imports its module on first use, and is then kept in
+    the package's namespace."""
+    def __getattr__(name):
+        if name in exports:
+            value = getattr(importlib.import_module(f"{package}.{exports[name]}"), name)
+            setattr(sys.modules[package], name, value)
+            return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    return __getattr__
+
+
+__getattr__ = lazy_attributes(__name__, _EXPORTS)
 
 
 def __dir__():

@@ -15,7 +15,7 @@ on first use, so that the TensorFlow-free modules here (`text_io`, `text_normali
 `placeholders`, `filtering`) import without TensorFlow.
 """
 
-import importlib
+from keras_transformer import lazy_attributes
 
 # name -> the module that defines it
 _EXPORTS = {
@@ -33,9 +33,4 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _EXPORTS)
