@@ -304,7 +304,7 @@ def test_settings_file_and_layout(random_translation_model, tmp_path):
         "sampling_topk": 0, "sampling_topp": 1.0, "sampling_temperature": 1.0,
         "alignment_layer": -1, "no_repeat_ngram_size": 0, "repetition_penalty": 1.0,
         "source_start": "<s>", "source_end": "</s>", "sentencepiece_model": "sentencepiece.model",
-        "quantization": "float32", "run": "runs/tiny", "weights": "best",
+        "quantization": "float32", "case_folding": False, "run": "runs/tiny", "weights": "best",
         "model_bin_sha256": file_sha256(folder / "model.bin"),
         "vocabulary_sha256": {name: file_sha256(folder / name) for name in (
             "sentencepiece.model", "shared_vocabulary.json")}}

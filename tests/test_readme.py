@@ -96,7 +96,8 @@ def test_the_configs_of_your_own_data_are_configs():
     modifiers, corpora = (ExperimentConfig.from_dict(yaml.safe_load(block)).data for block in
                           re.findall(r"```yaml\n(.*?)```", text, re.S))
     assert modifiers.modifiers == ModifiersConfig(upper_case=0.1, title_case=0.05, typos=0.1,
-                                                  copy_spans=0.1)
+                                                  copy_spans=0.2)
+    assert modifiers.placeholders and modifiers.case_folding
     corpora = corpora.corpora
     assert [(c.dataset, c.weight, c.tag) for c in corpora] == [
         ("multi30k", 1.0, None), ("file_pair", 1.0, "<BT>")]

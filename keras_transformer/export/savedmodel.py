@@ -337,7 +337,8 @@ def _export_run_ctranslate2(run_dir, output_dir, quantization, **translator_args
     translator = translator_from_run(run_dir, **translator_args)
     provenance = {**translator_provenance(translator), "format": CTRANSLATE2_FORMAT,
                   **run_provenance(run_dir, translator_args.get("weights", "best"))}
-    provenance.pop("search")  # the settings file states beam_size and alpha itself
+    for key in ("search", "case_folding"):  # the settings file states these itself
+        provenance.pop(key)
     return export_ctranslate2(translator.model, translator.source_tokenizer,
                               translator.target_tokenizer, translator.decode_config, output_dir,
                               quantization=quantization, provenance=provenance,
